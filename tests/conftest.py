@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random checkpoints written by `transformers` at test time."""
+from pathlib import Path
+
+import pytest
+import torch
+
+# Random weights drawn with a wide init range give peaked logits, so that greedy argmax is decided
+# by the model and not by float rounding (with the default 0.02, the top two logits often tie).
+PEAKED_INIT_RANGE = 0.5
+
+
+def save_tiny(kind: str, folder: Path, **overrides) -> Path:
+    "Write a tiny random transformers checkpoint of the given kind into folder."
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, initializer_range=PEAKED_INIT_RANGE,
+                  max_position_embeddings=2048, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    presets = {
+        # tied embeddings, head_dim (32) != hidden/heads (16)
+        "qwen3_tied": (Qwen3Config, dict(head_dim=32, tie_word_embeddings=True, rope_theta=10000.0)),
+        # untied, head_dim = hidden/heads, a large RoPE base as real Qwen3 uses
+        "qwen3_untied": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=False, rope_theta=1e6)),
+        # Llama 3 with rope scaling, untied
+        "llama": (LlamaConfig, dict(tie_word_embeddings=False, rope_theta=500000.0,
+                                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                       high_freq_factor=4.0, original_max_position_embeddings=64))),
+    }
+    config_cls, extra = presets[kind]
+    sharded = overrides.pop("sharded", False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_cls(**{**common, **extra, **overrides}), dtype=torch.float32)
+    model.save_pretrained(folder, **({"max_shard_size": "100KB"} if sharded else {}))
+    return folder
+
+
+@pytest.fixture(scope="session", params=["qwen3_tied", "qwen3_untied", "llama"])
+def tiny_checkpoint(request, tmp_path_factory) -> Path:
+    return save_tiny(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    from helios.weights import default_model_path
+    return default_model_path()

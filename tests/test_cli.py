@@ -1,0 +1,24 @@
+"""The `helios` console script on the real default model, as a user runs it."""
+import subprocess
+
+
+def run_helios(*args, stdin=None):
+    return subprocess.run(["helios", *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_generate_answers_the_question():
+    result = run_helios("generate", "What is the capital of France?", "--max-tokens", "32", "--threads", "2")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_chat_streams_a_conversation():
+    result = run_helios("chat", "--max-tokens", "24", "--threads", "2",
+                        stdin="What is the capital of France?\n/exit\n")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout and result.stdout.count("> ") == 2
+
+
+def test_bad_model_is_a_clean_error():
+    result = run_helios("generate", "hi", "--model", "/no/such.gguf")
+    assert result.returncode != 0 and "helios: error:" in result.stderr and "Traceback" not in result.stderr
