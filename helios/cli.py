@@ -1,4 +1,4 @@
-"""`helios generate` and `helios chat`: the default model in a terminal, streamed token by token.
+"""`helios serve`, `helios generate` and `helios chat`: the default model behind an OpenAI API or in a terminal.
 
 Docs: https://helios-engine.github.io/helios/cli.html.md"""
 
@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/cli.html.md"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TextIO
 
@@ -15,16 +16,36 @@ import torch
 
 from .llm import LLM
 from .sampling import SamplingParams
+from .server import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
 
 # %% auto #0
-__all__ = ['build_parser', 'run_generate', 'run_chat', 'main']
+__all__ = ['ENGINE_ARGS', 'build_parser', 'run_generate', 'run_chat', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
+def _env(name: str, default=None):
+    return os.environ.get(f"HELIOS_{name}", default)
+
+
 def _add_model_args(p: argparse.ArgumentParser):
-    p.add_argument("--model", default=None, help="folder, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--model", default=_env("MODEL"),
+                   help="folder, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct) [HELIOS_MODEL]")
+    p.add_argument("--dtype", default=_env("DTYPE", "auto"), choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:1, ... [HELIOS_DEVICE]")
+    p.add_argument("--threads", type=int, default=_env("THREADS"), help="CPU threads for torch [HELIOS_THREADS]")
+
+
+def _add_engine_args(p: argparse.ArgumentParser):
+    "Engine settings; unset ones fall back to HELIOS_* variables, then defaults (EngineConfig.from_env)."
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--prefill-chunk-size", type=int)
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--kv-cache-bytes", type=lambda v: int(float(v)), help="KV budget in bytes, e.g. 2e9")
+    p.add_argument("--max-queue", type=int)
+    p.add_argument("--prefix-cache-ttl-s", type=float)
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
+
+
+def _add_sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -35,14 +56,38 @@ def _add_model_args(p: argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios", description="Helios: a small, readable LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API")
+    srv.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)))
+    srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
+    srv.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' [HELIOS_API_KEY]")
+    srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)))
+    srv.add_argument("--log-level", default="warning")
+    _add_model_args(srv); _add_engine_args(srv)
+    bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)")
+    bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
+    bench.add_argument("--api-key", default=_env("API_KEY"))
+    bench.add_argument("--workload", default="helios-30", choices=["helios-30", "prefix-share", "decode-16"])
+    bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
+    bench.add_argument("--max-concurrency", type=int, default=None)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--warmup", type=int, default=2, help="uncounted warm-up requests")
+    bench.add_argument("--engine", default="helios", help="a label for the engine under test")
+    bench.add_argument("--engine-flags", default="", help="how the server was started (recorded in the report)")
+    bench.add_argument("--tokenizer", default=None, help="checkpoint whose tokenizer cuts the prompts (default model)")
+    bench.add_argument("--forbid-eos", action="store_true", help="also ban EOS through logit_bias (servers that ignore ignore_eos)")
+    bench.add_argument("--out", default=None, help="write the run as JSON here")
+    bench.add_argument("--plot", default=None, help="write latency/concurrency/throughput plots (PNG) here")
+    bench.add_argument("--compare", nargs="+", default=None, metavar="RUN.json", help="print stored runs side by side")
     gen = sub.add_parser("generate", help="answer one prompt and exit")
     gen.add_argument("prompt")
     gen.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     gen.add_argument("--system", default=None, help="a system message (chat template only)")
-    _add_model_args(gen)
+    _add_model_args(gen); _add_engine_args(gen); _add_sampling_args(gen)
     chat = sub.add_parser("chat", help="an interactive conversation, streamed (/reset, /exit)")
     chat.add_argument("--system", default=None, help="a system message")
-    _add_model_args(chat)
+    _add_model_args(chat); _add_engine_args(chat); _add_sampling_args(chat)
     return parser
 
 
@@ -51,9 +96,14 @@ def _params(args) -> SamplingParams:
                           top_k=args.top_k, seed=args.seed)
 
 
-def _load(args) -> LLM:
-    if args.threads: torch.set_num_threads(args.threads)
-    return LLM(args.model, dtype=args.dtype, device=args.device)
+ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "max_queue",
+               "prefix_cache_ttl_s", "enable_prefix_caching")
+
+
+def _load(args, quiet: bool = False) -> LLM:
+    if args.threads: torch.set_num_threads(int(args.threads))
+    return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet,
+               **{k: getattr(args, k) for k in ENGINE_ARGS})
 
 # %% ../nbs/90_cli.ipynb #b9ba53eb
 def _stream_to(out: TextIO, deltas) -> str:
@@ -97,9 +147,15 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
 
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from helios.bench import bench_main
+        sys.exit(bench_main(args))
     try:
-        llm = _load(args)
-        if args.command == "generate": run_generate(llm, args)
+        llm = _load(args, quiet=args.command != "serve")
+        if args.command == "serve":
+            settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key)
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level)
+        elif args.command == "generate": run_generate(llm, args)
         else: run_chat(llm, args)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"helios: error: {e}")

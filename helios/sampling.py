@@ -45,12 +45,15 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None     # None: no logprobs; k: the chosen token's plus the top k
     n: int = 1
+    logit_bias: tuple[tuple[int, float], ...] | dict | None = ()  # (token id, bias added to its logit)
 
     def __post_init__(self):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == 0: object.__setattr__(self, "top_k", -1)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens}")
         _check(self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
@@ -64,13 +67,16 @@ class SamplingParams:
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}, got {self.n}")
+        _check(all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias),
+               f"logit_bias maps token ids to biases in [-100, 100], got {self.logit_bias!r}")
 
     @property
     def greedy(self) -> bool: return self.temperature == 0
 
     @property
     def has_penalties(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or bool(self.logit_bias))
 
 # %% ../nbs/07_sampling.ipynb #3178e8a6
 class TokenLogprobs(NamedTuple):
@@ -90,8 +96,11 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int], generated: list[int]) -> torch.Tensor:
-    "Repetition penalty over prompt+output tokens, presence/frequency over output tokens. logits: [vocab]."
+    "Logit bias, repetition penalty over prompt+output tokens, presence/frequency over output tokens. logits: [vocab]."
     logits = logits.clone()
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias)
+        logits[torch.tensor(ids, device=logits.device)] += torch.tensor(bias, device=logits.device, dtype=logits.dtype)
     if params.repetition_penalty != 1 and seen:
         ids = torch.tensor(sorted(set(seen)), device=logits.device)
         vals = logits[ids]

@@ -42,3 +42,35 @@ def tiny_checkpoint(request, tmp_path_factory) -> Path:
 def smollm2_gguf() -> Path:
     from helios.weights import default_model_path
     return default_model_path()
+
+
+def real_text() -> str:
+    from helios.bench import real_text as text
+    return text()
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm_factory(smollm2_gguf):
+    "Build LLMs over the default model (float32, CPU), closed at the end of the session."
+    from helios import LLM
+    made = []
+
+    def make(**kwargs):
+        llm = LLM(smollm2_gguf, dtype="float32", device="cpu", quiet=True, **kwargs)
+        made.append(llm)
+        return llm
+    yield make
+    for llm in made: llm.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, smollm2_gguf):
+    "A tiny random Qwen3 with SmolLM2's tokenizer and chat template (fast, meaningless text)."
+    import json
+    from helios.tokenizer import load_tokenizer
+    folder = save_tiny("qwen3_tied", tmp_path_factory.mktemp("served"), vocab_size=49152)
+    tok = load_tokenizer(smollm2_gguf)
+    tok.backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
+    return folder

@@ -61,7 +61,7 @@ def test_prompt_errors_are_clear(llm):
         llm.generate("", SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 49152\)"):
         llm.generate([[5, 49152]], SamplingParams(max_tokens=2))
-    with pytest.raises(ValueError, match="exceed the model's context of 8192"):
+    with pytest.raises(ValueError, match="exceed the model's context of 8,192"):
         llm.generate([[5] * 8000], SamplingParams(max_tokens=500))
     with pytest.raises(ValueError, match="non-empty list"):
         llm.chat([])

