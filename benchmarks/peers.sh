@@ -7,7 +7,8 @@
 #   ENGINES="helios llama" bash benchmarks/peers.sh
 #
 # Environment: ENGINES (helios vllm-bf16 vllm-fp32 llama), WORKLOADS (helios-30 decode-16),
-# THREADS (2), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11).
+# THREADS (2), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), FORBID_EOS (1: also ban EOS
+# through logit_bias; 0: rely on ignore_eos, which all three engines honour), SUFFIX (appended to labels).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
@@ -18,6 +19,8 @@ THREADS=${THREADS:-2}
 PYTHON=${PYTHON:-python3.11}
 NAME=SmolLM2-135M-Instruct
 PORT=${PORT:-8123}
+FORBID_EOS=${FORBID_EOS:-1}
+SUFFIX=${SUFFIX:-}
 mkdir -p "$PEERS" "$OUT"
 log() { echo "[peers $(date +%H:%M:%S)] $*" >&2; }
 
@@ -77,20 +80,26 @@ wait_ready() {
 }
 
 bench_engine() {  # $1 label, $2 flags description, rest: the server command
-  local label=$1 flags=$2; shift 2
+  local label=$1$SUFFIX flags=$2; shift 2
+  local forbid=(); [ "$FORBID_EOS" = 1 ] && forbid=(--forbid-eos) && flags="$flags; EOS banned by logit_bias"
   log "starting $label: $*"
   local start=$SECONDS
   "$@" > "$OUT/$label.server.log" 2>&1 &
   local pid=$!
   wait_ready "$pid"
-  echo "$label start-up: $((SECONDS - start)) s" | tee -a "$OUT/startup.txt"
+  echo "$label start-up: $((SECONDS - start)) s" | tee "$OUT/$label.startup.txt"
   for w in $WORKLOADS; do
     log "$label: $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     helios bench --base-url "http://127.0.0.1:$PORT/v1" --model "$NAME" --workload "$w" --engine "$label" \
-      --engine-flags "$flags" --forbid-eos --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md"
+      --engine-flags "$flags" "${forbid[@]}" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" \
+      || log "$label: $w had failed requests (see $OUT/$w.$label.md)"
   done
   kill -INT "$pid"; wait "$pid" || true
 }
+
+log "probing this machine's matmul rate and memory bandwidth"
+python -c "import json; from helios.bench import probe_machine, machine_info; \
+print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info()}))" > "$OUT/probe.json"
 
 for engine in $ENGINES; do
   case $engine in
@@ -104,8 +113,9 @@ for engine in $ENGINES; do
         --port "$PORT" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
     llama)
       build_llama_server
-      bench_engine llama-server "llama-server -np 16 -c 8192 -t $THREADS (Q4_1 GGUF)" \
-        env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 8192 -t "$THREADS" \
+      # -c is shared by the slots: 16 x 1,024 tokens, enough for the longest request (512 + 16)
+      bench_engine llama-server "llama-server -np 16 -c 16384 -t $THREADS (Q4_1 GGUF)" \
+        env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 16384 -t "$THREADS" \
         --host 127.0.0.1 --port "$PORT" --no-webui ;;
   esac
 done

@@ -344,9 +344,10 @@ def probe_machine(threads: int | None = None, seconds: float = 1.0) -> dict:
 
 
 def floors(probe: dict, weight_bytes: int, num_params: int, batch: int, kv_bytes_per_step: int = 0) -> dict:
-    "Best possible decode tok/s at a batch size and prefill tok/s on this machine."
-    step_s = (weight_bytes + kv_bytes_per_step) / probe["memory_bytes_s"]
-    return {"decode_tok_s": batch / step_s, "prefill_tok_s": probe["matmul_flop_s"] / (2 * num_params)}
+    "Best possible decode tok/s at a batch size, and prefill tok/s, on this machine."
+    read_s = (weight_bytes + kv_bytes_per_step) / probe["memory_bytes_s"]  # every weight read once per step
+    compute_s = 2 * num_params * batch / probe["matmul_flop_s"]            # 2 FLOPs per parameter per token
+    return {"decode_tok_s": batch / max(read_s, compute_s), "prefill_tok_s": probe["matmul_flop_s"] / (2 * num_params)}
 
 # %% ../nbs/14_benchmark.ipynb #28b16676
 def bench_main(args) -> int:
