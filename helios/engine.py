@@ -19,11 +19,11 @@ import torch
 
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
-from .paged import (KVPool, PagedBatch, PagedKV, build_paged_batch, describe_budget, num_pages_for_budget,
+from .paged import (KVPool, PagedKV, build_paged_batch, describe_budget, num_pages_for_budget,
                           pages_needed, pick_attention_backend)
 from .prefix_cache import PageManager, PrefixCache
 from .sampling import Completion, SamplingParams, TokenLogprobs, make_generator, sample_batch
-from .scheduler import QueueFull, RequestTooLarge, Scheduler, Sequence, SeqStatus, TickPlan
+from .scheduler import QueueFull, Scheduler, Sequence, SeqStatus, TickPlan
 from .tokenizer import Tokenizer
 
 # %% auto #0
@@ -301,7 +301,7 @@ class Engine:
             req.generators.append(make_generator(seed, self.runner.device))
             self._seq_owner[seq.seq_id] = (req, i)
         self._requests[req.request_id] = req
-        self.scheduler.waiting.extend(req.seqs)  # bounds were checked in submit()
+        self.scheduler.add(req.seqs)  # cannot fail: submit() checked the fit and the queue bound
 
     def _drain_inbox(self):
         while True:

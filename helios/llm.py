@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
-from .engine import CompletionOutput, Engine, EngineStats, RequestHandle, RequestOutput
+from .engine import Engine, EngineStats, RequestHandle, RequestOutput
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer

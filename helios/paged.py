@@ -168,7 +168,7 @@ def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
 def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            page_tables: torch.Tensor, context_lens: list[int]) -> torch.Tensor:
     "One query per row, all rows in one SDPA call. q: [B, 1, Hq, D] -> [B, 1, Hq, D]."
-    B, page_size = q.shape[0], k_pages.shape[1]
+    page_size = k_pages.shape[1]
     max_pages = pages_needed(max(context_lens), page_size)
     tables = page_tables[:, :max_pages]                                      # [B, max_pages]
     k = k_pages[tables].flatten(1, 2)                                        # [B, S, Hkv, D]

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .config import PREFILL_AGING_S, EngineConfig
-from .paged import pages_needed
 from .prefix_cache import PageManager, prompt_block_hashes
 
 # %% auto #0

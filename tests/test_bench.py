@@ -1,7 +1,5 @@
 """`helios bench` against a real `helios serve`: every metric present and consistent with the requests."""
-import json
 import subprocess
-import sys
 
 import pytest
 

@@ -6,7 +6,7 @@ import torch
 
 from conftest import real_text
 from helios import SamplingParams
-from helios.kv_cache import generate, stream_tokens
+from helios.kv_cache import generate
 
 GREEDY32 = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 NEAR_TIE = 1e-3  # top-2 logprob gap under which float reordering may legitimately flip argmax

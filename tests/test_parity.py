@@ -1,5 +1,4 @@
 """Helios's model against transformers on tiny random Qwen3 and Llama checkpoints (float32)."""
-import pytest
 import torch
 
 from helios.kv_cache import generate

@@ -1,6 +1,5 @@
 """Pages never leak: after runs, cancels mid-prefill and mid-decode, errors, and a random stress."""
 import random
-import time
 
 import pytest
 import torch

@@ -4,7 +4,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import real_text, save_tiny
+from conftest import real_text
 
 API_KEY = "test-key"
 
