@@ -1,5 +1,5 @@
 # The test command of the README: every notebook (the chapters' inline tests), then pytest.
-.PHONY: test test-nbs test-py export clean
+.PHONY: test test-nbs test-py export clean docs check-site readme
 
 test: test-nbs test-py
 
@@ -13,3 +13,15 @@ test-py:
 # notebooks are the source: write helios/ from them and strip notebook metadata
 export:
 	nbdev-clean && nbdev-export
+
+# the docs site from the notebooks, offline: every chapter run and rendered, plus the API reference -> _site/
+docs:
+	python scripts/build_docs.py
+
+# serve _site on 127.0.0.1, open it in headless Chromium, check pages, links and images; screenshots -> _site_check/
+check-site:
+	python scripts/check_site.py
+
+# README.md is written from nbs/index.ipynb
+readme:
+	python scripts/build_readme.py

@@ -7,7 +7,7 @@
 #   ENGINES="helios llama" bash benchmarks/peers.sh
 #
 # Environment: ENGINES (helios vllm-bf16 vllm-fp32 llama), WORKLOADS (helios-30 decode-16),
-# THREADS (2), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), FORBID_EOS (1: also ban EOS
+# THREADS (2), REPEAT (3: each workload run three times, each metric's median reported), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), FORBID_EOS (1: also ban EOS
 # through logit_bias; 0: rely on ignore_eos, which all three engines honour), SUFFIX (appended to labels).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +16,7 @@ OUT=${OUT:-$REPO/benchmarks/results}
 ENGINES=${ENGINES:-"helios vllm-bf16 vllm-fp32 llama"}
 WORKLOADS=${WORKLOADS:-"helios-30 decode-16"}
 THREADS=${THREADS:-2}
+REPEAT=${REPEAT:-3}
 PYTHON=${PYTHON:-python3.11}
 NAME=SmolLM2-135M-Instruct
 PORT=${PORT:-8123}
@@ -91,7 +92,7 @@ bench_engine() {  # $1 label, $2 flags description, rest: the server command
   for w in $WORKLOADS; do
     log "$label: $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     helios bench --base-url "http://127.0.0.1:$PORT/v1" --model "$NAME" --workload "$w" --engine "$label" \
-      --engine-flags "$flags" "${forbid[@]}" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" \
+      --engine-flags "$flags" "${forbid[@]}" --repeat "$REPEAT" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" \
       || log "$label: $w had failed requests (see $OUT/$w.$label.md)"
   done
   kill -INT "$pid"; wait "$pid" || true

@@ -14,7 +14,7 @@ import os
 import platform
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ['WORKLOADS', 'TABLE_ROWS', 'HIGHER_IS_BETTER', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30',
            'prefix_share', 'decode16', 'RequestRecord', 'send_request', 'BenchRun', 'machine_info', 'run_benchmark',
            'pct', 'concurrency_timeline', 'compute_metrics', 'save_run', 'load_run', 'markdown_table', 'compare_table',
-           'plot_runs', 'probe_machine', 'floors', 'bench_main']
+           'plot_runs', 'probe_machine', 'floors', 'median_run', 'bench_main']
 
 # %% ../nbs/14_benchmark.ipynb #25a80683
 def real_text() -> str:
@@ -141,6 +141,7 @@ class BenchRun:
     start_s: float
     end_s: float
     metrics: dict = field(default_factory=dict)
+    repetitions: list[dict] = field(default_factory=list)  # each repetition's overall metrics (--repeat)
 
 
 def machine_info() -> dict:
@@ -163,7 +164,8 @@ async def run_benchmark(base_url: str, model: str, specs: list[RequestSpec], *, 
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=len(specs) + warmup + 8)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        warm = [RequestSpec("warmup", s.prompt, 4) for s in specs[:warmup]]
+        # short prompts that share no prefix with the measured ones, so no cache is warmed for them
+        warm = [RequestSpec("warmup", f"Warm-up request {i}: say hello.", 4) for i in range(warmup)]
         await asyncio.gather(*(send_request(client, base_url, model, s, api_key, list(forbid_token_ids)) for s in warm))
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
@@ -350,6 +352,22 @@ def floors(probe: dict, weight_bytes: int, num_params: int, batch: int, kv_bytes
     return {"decode_tok_s": batch / max(read_s, compute_s), "prefill_tok_s": probe["matmul_flop_s"] / (2 * num_params)}
 
 # %% ../nbs/14_benchmark.ipynb #28b16676
+def median_run(runs: list[BenchRun]) -> BenchRun:
+    "The median repetition by output tok/s, its overall metrics replaced by each metric's median over all."
+    if len(runs) == 1: return runs[0]
+    middle = sorted(runs, key=lambda r: r.metrics["overall"]["output_tok_s"])[len(runs) // 2]
+    overall = [r.metrics["overall"] for r in runs]
+    medians = {k: _median([o.get(k) for o in overall]) for k in middle.metrics["overall"]}
+    return replace(middle, metrics={**middle.metrics, "overall": medians}, repetitions=overall)
+
+
+def _median(values: list):
+    "Median of numbers (an int when they are ints and it is whole); None if any is missing."
+    if any(not isinstance(v, (int, float)) for v in values): return None
+    m = float(np.median(values))
+    return int(m) if all(isinstance(v, int) for v in values) and m.is_integer() else m
+
+
 def bench_main(args) -> int:
     "Entry point of `helios bench` (arguments parsed in helios.cli)."
     if args.compare:
@@ -360,13 +378,20 @@ def bench_main(args) -> int:
     from helios.tokenizer import load_tokenizer
     from helios.weights import default_model_path
     tokenizer = load_tokenizer(args.tokenizer or default_model_path())
-    specs = WORKLOADS[args.workload](tokenizer, args.seed)
     forbid = sorted(tokenizer.eos_token_ids) if args.forbid_eos else []
-    run = asyncio.run(run_benchmark(args.base_url, args.model, specs, engine=args.engine, workload=args.workload,
-                                    request_rate=args.request_rate, max_concurrency=args.max_concurrency,
-                                    seed=args.seed, warmup=args.warmup, api_key=args.api_key,
-                                    forbid_token_ids=forbid, config={"engine_flags": args.engine_flags}))
+    # repetition i cuts its prompts with seed + i: same shapes, new text, so no engine's prefix cache
+    # serves a repetition from the one before
+    runs = [asyncio.run(run_benchmark(args.base_url, args.model, WORKLOADS[args.workload](tokenizer, args.seed + i),
+                                      engine=args.engine, workload=args.workload, request_rate=args.request_rate,
+                                      max_concurrency=args.max_concurrency, seed=args.seed + i, warmup=args.warmup,
+                                      api_key=args.api_key, forbid_token_ids=forbid,
+                                      config={"engine_flags": args.engine_flags}))
+            for i in range(args.repeat)]
+    run = median_run(runs)
     print(markdown_table(run))
+    if len(runs) > 1:
+        print(f"\nmedian of {len(runs)} repetitions; output tok/s per repetition: "
+              + ", ".join(f"{r['output_tok_s']:.1f}" for r in run.repetitions))
     if args.out:
         save_run(run, args.out)
         print(f"saved {args.out}")

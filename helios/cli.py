@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-concurrency", type=int, default=None)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--warmup", type=int, default=2, help="uncounted warm-up requests")
+    bench.add_argument("--repeat", type=int, default=1, help="run the workload N times; report each metric's median")
     bench.add_argument("--engine", default="helios", help="a label for the engine under test")
     bench.add_argument("--engine-flags", default="", help="how the server was started (recorded in the report)")
     bench.add_argument("--tokenizer", default=None, help="checkpoint whose tokenizer cuts the prompts (default model)")

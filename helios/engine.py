@@ -208,7 +208,8 @@ class EngineStats:
 
 # %% ../nbs/11_engine.ipynb #d3652f7e
 def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    "Bytes of parameters and buffers (pre-packed weights are buffers, chapter 15)."
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:

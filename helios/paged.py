@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from .config import ModelConfig
 from .model.attention import sdpa_attention
 
 # %% auto #0
 __all__ = ['PoolExhausted', 'PagePool', 'pages_needed', 'slot_mapping', 'KVPool', 'page_bytes', 'num_pages_for_budget',
-           'describe_budget', 'PagedBatch', 'build_paged_batch', 'reference_attention', 'batched_attention',
-           'varlen_available', 'varlen_attention', 'pick_attention_backend', 'PagedKV']
+           'describe_budget', 'PagedBatch', 'DecodeRows', 'build_paged_batch', 'reference_attention',
+           'batched_attention', 'varlen_available', 'varlen_attention', 'pick_attention_backend', 'PagedKV']
 
 # %% ../nbs/08_paged_pool.ipynb #83581fdf
 class PoolExhausted(RuntimeError):
@@ -134,6 +135,29 @@ class PagedBatch:
         "[B] the packed index of each sequence's last token."
         return torch.tensor([s + n - 1 for s, n in zip(self.query_starts, self.query_lens)])
 
+    @cached_property
+    def decode_rows(self) -> DecodeRows | None:
+        "The rows with one new token, prepared once per tick for every layer (None if fewer than two)."
+        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
+        if len(rows) < 2: return None
+        device = self.page_tables.device
+        lens = [self.context_lens[i] for i in rows]
+        longest = max(lens)
+        padding = torch.arange(longest, device=device)[None, :] >= torch.tensor(lens, device=device)[:, None]
+        all_rows = len(rows) == self.num_seqs  # a decode-only tick: queries are already in row order
+        token_index = None if all_rows else torch.tensor([self.query_starts[i] for i in rows], device=device)
+        tables = self.page_tables if all_rows else self.page_tables[rows]
+        return DecodeRows(rows, token_index, tables[:, :pages_needed(longest, self.page_size)], longest, padding)
+
+
+class DecodeRows(NamedTuple):
+    "What decode attention needs for the one-token rows of a tick."
+    rows: list[int]                    # which sequences of the batch
+    token_index: torch.Tensor | None   # [R] their packed token index (None: all tokens, in order)
+    page_tables: torch.Tensor          # [R, n] the pages that hold their first `longest` tokens
+    longest: int                       # the longest context among them
+    padding: torch.Tensor              # [R, longest] True past each row's context
+
 
 def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[int], page_size: int) -> PagedBatch:
     "Metadata for sequences whose next lens[i] tokens start at position starts[i]. page_tables: [B, max_pages]."
@@ -165,29 +189,37 @@ def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     return out
 
 
-def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                           page_tables: torch.Tensor, context_lens: list[int]) -> torch.Tensor:
-    "One query per row, all rows in one SDPA call. q: [B, 1, Hq, D] -> [B, 1, Hq, D]."
-    page_size = k_pages.shape[1]
-    max_pages = pages_needed(max(context_lens), page_size)
-    tables = page_tables[:, :max_pages]                                      # [B, max_pages]
-    k = k_pages[tables].flatten(1, 2)                                        # [B, S, Hkv, D]
-    v = v_pages[tables].flatten(1, 2)
-    lens = torch.tensor(context_lens, device=q.device)
-    mask = torch.arange(k.shape[1], device=q.device)[None, :] < lens[:, None]  # [B, S]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask[:, None, None, :], enable_gqa=q.shape[2] != k.shape[2])
-    return out.transpose(1, 2)
+def _gather_head_major(pages_of_layer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
+    "Rows' first `length` tokens, heads first: pages [P, page_size, Hkv, D], tables [B, n] -> [B, Hkv, length, D]."
+    by_head = pages_of_layer.transpose(1, 2)                          # [P, Hkv, page_size, D], a view
+    if tables.shape[1] == 1:                                          # one page per row: one copy of `length` tokens
+        return by_head[:, :, :length].index_select(0, tables[:, 0])
+    B, n = tables.shape
+    pages = by_head.index_select(0, tables.flatten()).unflatten(0, (B, n))  # [B, n, Hkv, page_size, D]
+    return pages.transpose(1, 2).flatten(2, 3)[:, :, :length]
+
+
+def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
+    "One query per row, all rows in two batched matmuls. q: [R, Hq, D] -> [R, Hq, D]."
+    R, num_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[2]
+    k = _gather_head_major(k_pages, rows.page_tables, rows.longest)             # [R, Hkv, S, D]
+    v = _gather_head_major(v_pages, rows.page_tables, rows.longest)
+    q = q.view(R, num_kv_heads, num_heads // num_kv_heads, head_dim)            # [R, Hkv, G, D]: GQA groups
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * head_dim ** -0.5     # [R, Hkv, G, S]
+    scores.masked_fill_(rows.padding[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v).view(R, num_heads, head_dim)                  # [R, Hkv, G, D] -> [R, Hq, D]
 
 
 def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-    "Decode rows batched in one SDPA call; prefill chunks per sequence. q: [1, N, Hq, D]."
-    decode = [i for i, n in enumerate(batch.query_lens) if n == 1]
-    if len(decode) < 2: return reference_attention(q, k_pages, v_pages, batch)
+    "Decode rows batched in two matmuls; prefill chunks per sequence. q: [1, N, Hq, D]."
+    rows = batch.decode_rows
+    if rows is None: return reference_attention(q, k_pages, v_pages, batch)
+    if rows.token_index is None:  # decode-only tick
+        return _decode_rows_attention(q[0], k_pages, v_pages, rows)[None]
     out = torch.empty_like(q)
-    idx = torch.tensor([batch.query_starts[i] for i in decode], device=q.device)
-    out[0, idx] = _decode_rows_attention(q[0, idx][:, None], k_pages, v_pages, batch.page_tables[decode],
-                                         [batch.context_lens[i] for i in decode])[:, 0]
+    out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows)
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]

@@ -66,3 +66,27 @@ def test_compare_prints_ratios(tiny_server, tmp_path):
     poisson = load_run(paths[1])
     sends = sorted(rec.send_s for rec in poisson.records)
     assert sends[-1] - sends[0] > 0.2  # Poisson arrivals are spread out, not all at once
+
+
+def test_repeat_reports_the_median_of_each_metric(tiny_server, tmp_path):
+    from helios.bench import load_run
+    out = tmp_path / "rep.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "decode-16",
+                  "--repeat", "3", "--out", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    run = load_run(out)
+    assert len(run.repetitions) == 3 and "median of 3 repetitions" in r.stdout
+    for key in ("output_tok_s", "ttft_p50_s", "e2e_p95_s"):
+        values = sorted(rep[key] for rep in run.repetitions)
+        assert run.metrics["overall"][key] == values[1], key
+    assert run.metrics["overall"]["output_tokens"] == 16 * 64 and run.metrics["overall"]["errors"] == 0
+
+
+def test_repetitions_use_new_prompts(tiny_server, tmp_path):
+    "Repeating the same 512-token prompts would restore them from the prefix cache; new text per repetition does not."
+    from helios.bench import load_run
+    out = tmp_path / "rep30.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "helios-30",
+                  "--repeat", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert [rep["restored_tokens"] for rep in load_run(out).repetitions] == [0, 0]

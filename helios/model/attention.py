@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig, RopeScaling
-from .layers import RMSNorm
+from .layers import RMSNorm, fused_linear
 
 # %% auto #0
 __all__ = ['rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'causal_mask', 'sdpa_attention', 'Attention']
@@ -86,11 +86,27 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        "x: [B, T, hidden] -> q [B, T, Hq, D], k and v [B, T, Hkv, D]; one matmul once fused."
+        B, T, _ = x.shape
+        if hasattr(self, "qkv_proj"):
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (q.view(B, T, self.num_heads, self.head_dim), k.view(B, T, self.num_kv_heads, self.head_dim),
+                v.view(B, T, self.num_kv_heads, self.head_dim))
+
+    @torch.no_grad()
+    def fuse(self) -> Attention:
+        "Replace q/k/v_proj by one qkv_proj (chapter 15): one matmul instead of three, same numbers."
+        self.qkv_proj = fused_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+        return self
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
         B, T, _ = x.shape                                               # x: [B, T, hidden]
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)    # [B, T, Hq, D]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim) # [B, T, Hkv, D]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim) # [B, T, Hkv, D]
+        q, k, v = self.project_qkv(x)                                   # [B, T, Hq | Hkv, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['RMSNorm', 'SwiGLUMLP', 'LMHead']
+__all__ = ['RMSNorm', 'SwiGLUMLP', 'fused_linear', 'LMHead']
 
 # %% ../../nbs/01_layers.ipynb #d5a727a8
 class RMSNorm(nn.Module):
@@ -37,7 +37,29 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., hidden] -> [..., hidden]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # one matmul: [..., 2 * intermediate]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+    @torch.no_grad()
+    def fuse(self) -> SwiGLUMLP:
+        "Replace gate_proj and up_proj by one gate_up_proj: one matmul instead of two, same numbers."
+        self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
+        return self
+
+# %% ../../nbs/01_layers.ipynb #bdb93e57
+def fused_linear(*linears: nn.Linear) -> nn.Linear:
+    "One Linear whose output is the outputs of `linears` side by side (their weights stacked by rows)."
+    first = linears[0]
+    with torch.device("meta"):
+        fused = nn.Linear(first.in_features, sum(l.out_features for l in linears), bias=first.bias is not None)
+    fused.weight = nn.Parameter(torch.cat([l.weight for l in linears]), requires_grad=False)
+    if first.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([l.bias for l in linears]), requires_grad=False)
+    return fused
 
 # %% ../../nbs/01_layers.ipynb #5ced0c69
 class LMHead(nn.Module):

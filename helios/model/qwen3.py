@@ -66,6 +66,13 @@ class CausalLM(nn.Module):
         if logits_at is not None: h = h[:, logits_at]
         return self.lm_head(h).float()
 
+    def fuse_projections(self) -> CausalLM:
+        "Stack q/k/v and gate/up weights so each layer runs 4 matmuls instead of 7 (chapter 15)."
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
 # %% ../../nbs/03_model.ipynb #c79bf653
 def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
     "Some tied checkpoints still store lm_head.weight; the tie makes it redundant."
