@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['OP_GROUPS', 'weight_packing_available', 'PackedLinear', 'pack_linears', 'TickProfile', 'profile_ticks',
-           'sdpa_decode_attention', 'decoding_engine', 'matmul_weights', 'target_report']
+__all__ = ['weight_packing_available', 'PackedLinear', 'pack_linears', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention',
+           'decoding_engine', 'matmul_weights', 'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -65,16 +65,9 @@ def _packable(w: torch.Tensor | None) -> bool:
     return isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2
 
 # %% ../nbs/15_performance.ipynb #7a45d01c
-OP_GROUPS = {
-    "matmul": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::linear", "aten::matmul"),
-    "attention": ("aten::bmm", "aten::index_select", "aten::_softmax", "aten::masked_fill_",
-                  "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index", "aten::index_copy_"),
-}
-
-
 @dataclass(frozen=True)
 class TickProfile:
-    "Average milliseconds per tick, by phase, over `ticks` ticks of `batch` decode rows."
+    "Average milliseconds per tick, by part, over `ticks` ticks of `batch` decode rows."
     batch: int
     ticks: int
     threads: int
@@ -90,50 +83,56 @@ class TickProfile:
                           f"{self.tokens_per_s:.1f} tok/s", "", "| part | ms per tick | share |", "|---|---|---|", *rows])
 
 
-def _group_of(op_name: str) -> str:
-    for group, names in OP_GROUPS.items():
-        if op_name in names: return group
-    return "other ops"
+class _Stopwatch:
+    "Accumulated wall time of named calls."
+    def __init__(self): self.seconds = defaultdict(float)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try: return fn(*args, **kwargs)
+            finally: self.seconds[name] += time.perf_counter() - start
+        return timed
+
+    def hook_modules(self, name: str, modules: list[nn.Module]) -> list:
+        "Time every forward of these modules; returns the hook handles (remove them after)."
+        starts = {}
+        def before(module, args): starts[id(module)] = time.perf_counter()
+        def after(module, args, out): self.seconds[name] += time.perf_counter() - starts.pop(id(module))
+        return [h for m in modules for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+
+
+def _matmul_modules(model: nn.Module) -> list[nn.Module]:
+    "Every module whose forward is one matrix product: Linear, PackedLinear, the LM head."
+    return [m for m in model.modules() if isinstance(m, nn.Linear) or hasattr(m, "packed")
+            or m is getattr(model, "lm_head", None)]
 
 
 def profile_ticks(engine, ticks: int = 5) -> TickProfile:
-    "Run `ticks` ticks of an engine whose requests are all decoding, with torch.profiler on."
-    from torch.profiler import ProfilerActivity, profile
-    phases = defaultdict(float)
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try: return fn(*args, **kwargs)
-            finally: phases[name] += time.perf_counter() - start
-        return wrapper
-    originals = engine.runner.run, engine._sample_and_emit, engine.scheduler.schedule
-    engine.runner.run = timed("forward", originals[0])
-    engine._sample_and_emit = timed("sampling and streaming", originals[1])
-    engine.scheduler.schedule = timed("scheduling", originals[2])
-    batch = len(engine.scheduler.running)
+    "Time `ticks` ticks of an engine whose requests are all decoding, split into parts, by timers around calls."
+    watch = _Stopwatch()
+    runner, scheduler = engine.runner, engine.scheduler
+    originals = runner.run, runner.backend, engine._sample_and_emit, scheduler.schedule
+    runner.run = watch.wrap("forward", originals[0])
+    runner.backend = watch.wrap("attention", originals[1])
+    engine._sample_and_emit = watch.wrap("sampling and streaming", originals[2])
+    scheduler.schedule = watch.wrap("scheduling", originals[3])
+    hooks = watch.hook_modules("matmul", _matmul_modules(runner.model))
+    batch = len(scheduler.running)
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            for _ in range(ticks): engine.step()
-            wall = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(ticks): engine.step()
+        wall = time.perf_counter() - start
     finally:
-        engine.runner.run, engine._sample_and_emit, engine.scheduler.schedule = originals
-    return TickProfile(batch, ticks, torch.get_num_threads(), wall / ticks * 1e3,
-                       _split_forward(prof, phases, wall, ticks))
-
-
-def _split_forward(prof, phases: dict, wall: float, ticks: int) -> dict[str, float]:
-    "Per-tick ms: operator groups inside the forward, the forward's remainder, and the other phases."
-    ops = defaultdict(float)
-    for event in prof.key_averages():
-        ops[_group_of(event.key)] += event.self_cpu_time_total / 1e3  # microseconds -> ms
-    forward_ms = phases["forward"] * 1e3
-    inside = {k: ops[k] for k in OP_GROUPS}
-    parts = {**inside, "other ops and Python in the forward": max(forward_ms - sum(inside.values()), 0.0)}
-    parts["sampling and streaming"] = phases["sampling and streaming"] * 1e3
-    parts["scheduling"] = phases["scheduling"] * 1e3
-    parts["rest of the tick"] = max(wall * 1e3 - sum(parts.values()), 0.0)
-    return {k: v / ticks for k, v in parts.items()}
+        runner.run, runner.backend, engine._sample_and_emit, scheduler.schedule = originals
+        for h in hooks: h.remove()
+    s = {k: v * 1e3 / ticks for k, v in watch.seconds.items()}
+    parts = {"matmul": s.get("matmul", 0.0), "attention": s.get("attention", 0.0)}
+    parts["other ops and Python in the forward"] = max(s.get("forward", 0.0) - sum(parts.values()), 0.0)
+    parts["sampling and streaming"] = s.get("sampling and streaming", 0.0)
+    parts["scheduling"] = s.get("scheduling", 0.0)
+    parts["rest of the tick"] = max(wall * 1e3 / ticks - sum(parts.values()), 0.0)
+    return TickProfile(batch, ticks, torch.get_num_threads(), wall / ticks * 1e3, parts)
 
 # %% ../nbs/15_performance.ipynb #304fede7
 def sdpa_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch) -> torch.Tensor:
