@@ -153,10 +153,12 @@ def decoding_engine(model, tokenizer, eos_token_ids, prompts: list[list[int]], b
     "An engine driven by hand (no worker thread) whose requests have all finished their prefill."
     from helios.config import EngineConfig
     from helios.engine import Engine
+    from helios.paged import pages_needed
     from helios.sampling import SamplingParams
-    engine = Engine.create(model, tokenizer, eos_token_ids, EngineConfig(max_batch_size=len(prompts)))
-    if backend is not None: engine.runner.backend = backend
     params = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
+    config = EngineConfig(max_batch_size=len(prompts), enable_prefix_caching=False)
+    pages = sum(pages_needed(len(p) + params.max_tokens, config.page_size) for p in prompts)  # no more KV than needed
+    engine = Engine(model, tokenizer, frozenset(eos_token_ids), config, pages, backend)
     for ids in prompts: engine.submit(ids, params)
     while len(engine.scheduler.running) < len(prompts) or any(s.is_prefilling for s in engine.scheduler.running):
         engine.step()
