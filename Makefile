@@ -3,8 +3,11 @@
 
 test: test-nbs test-py
 
+# nbdev-test runs many notebooks in each of its two worker processes and their memory adds up; with the
+# default 2 GiB KV pool per engine a worker reached 13 GiB and was killed on a 24 GiB machine, so the
+# notebooks' engines get 512 MiB pools here (`make docs` runs each notebook in its own process, with defaults)
 test-nbs:
-	nbdev-test --n-workers 2 --timing
+	HELIOS_KV_CACHE_BYTES=536870912 nbdev-test --n-workers 2 --timing
 
 # pytest exits 5 when it collects nothing; that is a failure of the suite here, so it stays non-zero
 test-py:
