@@ -86,7 +86,8 @@ def test_repetitions_use_new_prompts(tiny_server, tmp_path):
     "Repeating the same 512-token prompts would restore them from the prefix cache; new text per repetition does not."
     from helios.bench import load_run
     out = tmp_path / "rep30.json"
+    # a seed no other test of this module used, so the server has not seen repetition 0's prompts either
     r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "helios-30",
-                  "--repeat", "2", "--out", str(out))
+                  "--repeat", "2", "--seed", "100", "--out", str(out))
     assert r.returncode == 0, r.stderr + r.stdout
     assert [rep["restored_tokens"] for rep in load_run(out).repetitions] == [0, 0]
