@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterator
+import threading
+from typing import Callable, Iterator, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -21,10 +22,25 @@ from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
 from .weights import load_model
 
+_T = TypeVar("_T")
+
 # %% auto #0
-__all__ = ['LLM']
+__all__ = ['on_fresh_thread', 'LLM']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
+def on_fresh_thread(fn: Callable[[], _T]) -> _T:
+    "fn() run on a new thread that exits before this returns (its OpenMP team goes with it); re-raises its error."
+    box: dict = {}
+    def run():
+        try: box["result"] = fn()
+        except BaseException as e: box["error"] = e
+    thread = threading.Thread(target=run, name="helios-load")
+    thread.start()
+    thread.join()
+    if "error" in box: raise box["error"]
+    return box["result"]
+
+# %% ../nbs/12_llm.ipynb #cce1acd6
 class LLM:
     "Load a model once, then generate, chat or stream through the continuous-batching engine."
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
@@ -32,7 +48,7 @@ class LLM:
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, quiet: bool = False):
-        loaded = load_model(model, dtype=dtype, device=device)
+        loaded = on_fresh_thread(lambda: load_model(model, dtype=dtype, device=device))
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         self.tokenizer: Tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         self.engine_config = EngineConfig.from_env(
@@ -40,7 +56,7 @@ class LLM:
             kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s)
         eos = self.tokenizer.eos_token_ids | set(self.config.eos_token_ids)
-        self.engine = Engine.create(self.model, self.tokenizer, eos, self.engine_config)
+        self.engine = on_fresh_thread(lambda: Engine.create(self.model, self.tokenizer, eos, self.engine_config))
         if not quiet:
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)

@@ -16,8 +16,8 @@ import torch
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # %% auto #0
-__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SamplingParams', 'TokenLogprobs', 'SampledToken', 'make_generator', 'apply_penalties',
-           'sample_batch', 'StopStrings', 'Completion']
+__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SHORT_LIST', 'SamplingParams', 'TokenLogprobs', 'SampledToken', 'make_generator',
+           'apply_penalties', 'sample_batch', 'StopStrings', 'Completion']
 
 # %% ../nbs/07_sampling.ipynb #7b942158
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -111,16 +111,29 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int
     return logits
 
 
-def _filter_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   min_p: torch.Tensor) -> torch.Tensor:
-    "Mask (to -inf) what top-k, top-p and min-p remove. sorted_logits: [B, V] descending; others [B]."
-    B, V = sorted_logits.shape
-    rank = torch.arange(V, device=sorted_logits.device).expand(B, V)
-    probs = sorted_logits.softmax(-1)
+def _keep_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    "What top-k, top-p and min-p keep (bool [R, C]). probs: [R, C] true probabilities, descending; others [R]."
+    R, C = probs.shape
+    rank = torch.arange(C, device=probs.device).expand(R, C)
     before = probs.cumsum(-1) - probs  # probability mass strictly before each token
-    drop = (rank >= top_k[:, None]) | (before >= top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
-    drop[:, 0] = False  # the best token always survives
-    return sorted_logits.masked_fill(drop, float("-inf"))
+    keep = (rank < top_k[:, None]) & (before < top_p[:, None]) & (probs >= min_p[:, None] * probs[:, :1])
+    keep[:, 0] = True  # the best token always survives
+    return keep
+
+
+SHORT_LIST = 256  # candidates the filters look at before falling back to a full sort
+
+
+def _filtered(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor):
+    "(probs [R, C] with filtered tokens at 0, token ids [R, C]), most likely first; C is SHORT_LIST when that is exact."
+    V = scaled.shape[-1]
+    log_z = scaled.logsumexp(-1, keepdim=True)                     # normaliser over the whole vocabulary
+    for c in (min(SHORT_LIST, V), V):
+        values, ids = scaled.topk(c) if c < V else scaled.sort(-1, descending=True)
+        probs = (values - log_z).exp()
+        keep = _keep_sorted(probs, top_k, top_p, min_p)
+        if c == V or not keep[:, -1].any():                        # every row's cut falls inside the list
+            return probs * keep, ids
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
@@ -139,17 +152,23 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
 
 
 def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
-    "Temperature, the filters, then each row's own exponential race. logits: [R, V] -> [R]."
-    V = logits.shape[-1]
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device)[:, None]
-    sorted_logits, order = (logits / temperature).sort(-1, descending=True)  # [R, V]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
-    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
-    probs = _filter_sorted(sorted_logits, top_k, top_p, min_p).softmax(-1)
-    picks = [int((probs[r] / torch.empty(V, device=logits.device).exponential_(generator=g)).argmax())
-             for r, g in enumerate(generators)]
-    return order[torch.arange(len(params)), torch.tensor(picks, device=logits.device)]
+    "Temperature, the filters, then one inverse-CDF draw per row from its own generator. logits: [R, V] -> [R]."
+    R, V = logits.shape
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    scaled = logits / temperature                                                  # [R, V]
+    ids = None
+    if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        probs, ids = _filtered(scaled, top_k, top_p, min_p)                       # [R, C], C <= V
+    else:
+        probs = scaled.softmax(-1)
+    cdf = probs.double().cumsum(-1)                                                # [R, C]
+    u = torch.cat([1 - torch.rand(1, generator=g, dtype=torch.float64, device=device) for g in generators])
+    picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)  # [R, 1]
+    return (picks if ids is None else ids.gather(-1, picks))[:, 0]
 
 
 def _logprobs(logits: torch.Tensor, token: int, k: int | None) -> TokenLogprobs | None:
