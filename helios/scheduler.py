@@ -153,7 +153,7 @@ class Scheduler:
     def _plan_prefill(self, budget: int, now: float) -> list[ScheduledChunk]:
         prompts = [s for s in self.running if s.is_prefilling]
         aged = lambda s: now - s.waiting_since_s >= PREFILL_AGING_S
-        prompts.sort(key=lambda s: (not aged(s), s.waiting_since_s if aged(s) else s.arrival_s))
+        prompts.sort(key=lambda s: (not aged(s), s.arrival_s))  # aged first; oldest request first in each group
         if budget <= 0 and prompts and aged(prompts[0]):
             budget = math.ceil(self.config.prefill_chunk_size * AGED_PREFILL_SHARE)
         chunks = []

@@ -61,6 +61,17 @@ def test_aging_rule_moves_a_waiting_prompt_first():
     assert 0.12 - 0.0 >= PREFILL_AGING_S
 
 
+def test_aged_prompts_go_oldest_first_not_round_robin():
+    s = make(prefill_chunk_size=8, num_pages=32)
+    a, b = seq(24, t=0.0), seq(24, t=0.001)
+    s.add([a, b])
+    for now in (0.0, 0.5, 1.0):  # every tick longer than the aging threshold: both prompts are always aged
+        p = s.schedule(now)
+        assert [x.seq for x in p.chunks if not x.samples or x.start < x.seq.num_prompt_tokens] == [a]
+        advance(s, p, now)
+    assert not a.is_prefilling and b.num_computed_tokens == 0
+
+
 def test_aged_prompt_moves_even_when_decodes_use_the_budget():
     s = make(prefill_chunk_size=2, max_batch_size=4)
     d1, d2 = seq(1), seq(1)
