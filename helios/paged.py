@@ -136,22 +136,27 @@ class PagedBatch:
         return torch.tensor([s + n - 1 for s, n in zip(self.query_starts, self.query_lens)])
 
     @cached_property
-    def decode_rows(self) -> DecodeRows | None:
-        "The rows with one new token, prepared once per tick for every layer (None if fewer than two)."
+    def decode_rows(self) -> list[DecodeRows] | None:
+        "The rows with one new token, grouped by how many pages they span; built once per tick (None if fewer than two)."
         rows = [i for i, n in enumerate(self.query_lens) if n == 1]
         if len(rows) < 2: return None
+        by_pages: dict[int, list[int]] = {}
+        for i in rows: by_pages.setdefault(pages_needed(self.context_lens[i], self.page_size), []).append(i)
+        in_order = len(rows) == self.num_seqs and len(by_pages) == 1  # decode-only, one group: rows already in order
+        return [self._decode_group(group, in_order) for _, group in sorted(by_pages.items())]
+
+    def _decode_group(self, rows: list[int], in_order: bool) -> DecodeRows:
         device = self.page_tables.device
         lens = [self.context_lens[i] for i in rows]
         longest = max(lens)
         padding = torch.arange(longest, device=device)[None, :] >= torch.tensor(lens, device=device)[:, None]
-        all_rows = len(rows) == self.num_seqs  # a decode-only tick: queries are already in row order
-        token_index = None if all_rows else torch.tensor([self.query_starts[i] for i in rows], device=device)
-        tables = self.page_tables if all_rows else self.page_tables[rows]
+        token_index = None if in_order else torch.tensor([self.query_starts[i] for i in rows], device=device)
+        tables = self.page_tables if in_order else self.page_tables[rows]
         return DecodeRows(rows, token_index, tables[:, :pages_needed(longest, self.page_size)], longest, padding)
 
 
 class DecodeRows(NamedTuple):
-    "What decode attention needs for the one-token rows of a tick."
+    "What decode attention needs for a group of one-token rows that span the same number of pages."
     rows: list[int]                    # which sequences of the batch
     token_index: torch.Tensor | None   # [R] their packed token index (None: all tokens, in order)
     page_tables: torch.Tensor          # [R, n] the pages that hold their first `longest` tokens
@@ -190,13 +195,16 @@ def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
 
 
 def _gather_head_major(pages_of_layer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
-    "Rows' first `length` tokens, heads first: pages [P, page_size, Hkv, D], tables [B, n] -> [B, Hkv, length, D]."
+    "Rows' first `length` tokens, heads first, copied once: pages [P, page_size, Hkv, D], tables [B, n] -> [B, Hkv, length, D]."
     by_head = pages_of_layer.transpose(1, 2)                          # [P, Hkv, page_size, D], a view
-    if tables.shape[1] == 1:                                          # one page per row: one copy of `length` tokens
+    if tables.shape[1] == 1:                                          # one page per row
         return by_head[:, :, :length].index_select(0, tables[:, 0])
-    B, n = tables.shape
-    pages = by_head.index_select(0, tables.flatten()).unflatten(0, (B, n))  # [B, n, Hkv, page_size, D]
-    return pages.transpose(1, 2).flatten(2, 3)[:, :, :length]
+    page_size, (B, n) = pages_of_layer.shape[1], tables.shape
+    out = pages_of_layer.new_empty(B, by_head.shape[1], length, by_head.shape[3])
+    for j in range(n):                                                # page j of every row, straight into place
+        start, end = j * page_size, min(length, (j + 1) * page_size)
+        torch.index_select(by_head[:, :, :end - start], 0, tables[:, j], out=out[:, :, start:end])
+    return out
 
 
 def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
@@ -214,12 +222,13 @@ def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
 
 def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
     "Decode rows batched in two matmuls; prefill chunks per sequence. q: [1, N, Hq, D]."
-    rows = batch.decode_rows
-    if rows is None: return reference_attention(q, k_pages, v_pages, batch)
-    if rows.token_index is None:  # decode-only tick
-        return _decode_rows_attention(q[0], k_pages, v_pages, rows)[None]
+    groups = batch.decode_rows
+    if groups is None: return reference_attention(q, k_pages, v_pages, batch)
+    if groups[0].token_index is None:  # decode-only tick, one group
+        return _decode_rows_attention(q[0], k_pages, v_pages, groups[0])[None]
     out = torch.empty_like(q)
-    out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows)
+    for rows in groups:
+        out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows)
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]

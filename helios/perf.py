@@ -138,9 +138,9 @@ def profile_ticks(engine, ticks: int = 5) -> TickProfile:
 def sdpa_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch) -> torch.Tensor:
     "Chapter 11's decode attention, kept for comparison: gather whole pages, one masked SDPA. q: [1, N, Hq, D]."
     from helios.paged import pages_needed, reference_attention
-    rows = batch.decode_rows
-    if rows is None or rows.token_index is not None: return reference_attention(q, k_pages, v_pages, batch)
-    tables = batch.page_tables[:, :pages_needed(rows.longest, k_pages.shape[1])]
+    if batch.decode_rows is None or len(batch.decode_rows) > 1 or batch.decode_rows[0].token_index is not None:
+        return reference_attention(q, k_pages, v_pages, batch)
+    tables = batch.page_tables[:, :pages_needed(max(batch.context_lens), k_pages.shape[1])]
     k, v = k_pages[tables].flatten(1, 2), v_pages[tables].flatten(1, 2)          # [B, pages x page_size, Hkv, D]
     lens = torch.tensor(batch.context_lens, device=q.device)
     mask = torch.arange(k.shape[1], device=q.device)[None, :] < lens[:, None]  # [B, S]
