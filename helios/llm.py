@@ -7,9 +7,11 @@ Docs: https://helios-engine.github.io/helios/llm.html.md"""
 # %% ../nbs/12_llm.ipynb #e0e819d7
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
+import weakref
 from typing import Callable, Iterator, TypeVar
 
 import torch
@@ -61,6 +63,7 @@ class LLM:
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)
         self.engine.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         "Token ids of a text prompt (with the tokenizer's special tokens), or the ids as given."
@@ -115,5 +118,11 @@ class LLM:
     def stats(self) -> EngineStats: return self.engine.stats()
 
     def close(self):
-        "Stop the engine thread (pending requests are cancelled)."
+        "Stop the engine thread (pending requests are cancelled); safe to call twice."
         self.engine.shutdown()
+
+
+def _close_at_exit(ref: weakref.ref):
+    "At interpreter exit, stop a still-open LLM's engine thread before PyTorch's own teardown runs."
+    llm = ref()
+    if llm is not None: llm.close()
