@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/llm.html.md"""
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -22,7 +23,7 @@ from .engine import Engine, EngineStats, RequestHandle, RequestOutput
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import load_model
+from .weights import LoadedModel, load_model
 
 _T = TypeVar("_T")
 
@@ -50,20 +51,25 @@ class LLM:
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, quiet: bool = False):
-        loaded = on_fresh_thread(lambda: load_model(model, dtype=dtype, device=device))
-        self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
-        self.tokenizer: Tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s)
-        eos = self.tokenizer.eos_token_ids | set(self.config.eos_token_ids)
-        self.engine = on_fresh_thread(lambda: Engine.create(self.model, self.tokenizer, eos, self.engine_config))
+        loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
+        self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)
         self.engine.start()
-        atexit.register(_close_at_exit, weakref.ref(self))
+        self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
+
+    def _build(self, model, dtype, device) -> tuple[LoadedModel, Tokenizer, Engine]:
+        "The model, its tokenizer and an engine whose KV pool fills the budget (run on a short-lived thread)."
+        loaded = load_model(model, dtype=dtype, device=device)
+        tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
+        eos = tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
+        return loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos, self.engine_config)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         "Token ids of a text prompt (with the tokenizer's special tokens), or the ids as given."
@@ -120,6 +126,7 @@ class LLM:
     def close(self):
         "Stop the engine thread (pending requests are cancelled); safe to call twice."
         self.engine.shutdown()
+        atexit.unregister(self._exit_hook)
 
 
 def _close_at_exit(ref: weakref.ref):

@@ -74,6 +74,9 @@ class SamplingParams:
     def greedy(self) -> bool: return self.temperature == 0
 
     @property
+    def has_filters(self) -> bool: return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+    @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
                 or bool(self.logit_bias))
@@ -153,12 +156,11 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
 
 def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
     "Temperature, the filters, then one inverse-CDF draw per row from its own generator. logits: [R, V] -> [R]."
-    R, V = logits.shape
-    device = logits.device
+    V, device = logits.shape[-1], logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
     scaled = logits / temperature                                                  # [R, V]
     ids = None
-    if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
+    if any(p.has_filters for p in params):
         top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device)
         min_p = torch.tensor([p.min_p for p in params], device=device)
