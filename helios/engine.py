@@ -420,7 +420,7 @@ class Engine:
         while self._thread and self.scheduler.has_work and time.monotonic() < deadline: time.sleep(0.01)
         for request_id in list(self._requests): self.cancel(request_id)
         self._wakeup.set()
-        if self._thread:
+        if self._thread and self._thread is not threading.current_thread():  # (a finalizer may run on it)
             self._thread.join(timeout=30)
             self._thread = None
 

@@ -8,7 +8,6 @@ Docs: https://helios-engine.github.io/helios/llm.html.md"""
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import sys
 import threading
@@ -61,8 +60,9 @@ class LLM:
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)
         self.engine.start()
-        self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._exit_hook)
+        self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
+        self._finalizer.atexit = False
+        atexit.register(self._finalizer)  # at exit: before the hooks PyTorch registered when it was imported
 
     def _build(self, model, dtype, device) -> tuple[LoadedModel, Tokenizer, Engine]:
         "The model, its tokenizer and an engine whose KV pool fills the budget (run on a short-lived thread)."
@@ -125,11 +125,9 @@ class LLM:
 
     def close(self):
         "Stop the engine thread (pending requests are cancelled); safe to call twice."
-        self.engine.shutdown()
-        atexit.unregister(self._exit_hook)
+        self._finalizer()
+        atexit.unregister(self._finalizer)
 
+    def __enter__(self) -> LLM: return self
 
-def _close_at_exit(ref: weakref.ref):
-    "At interpreter exit, stop a still-open LLM's engine thread before PyTorch's own teardown runs."
-    llm = ref()
-    if llm is not None: llm.close()
+    def __exit__(self, *exc): self.close()

@@ -49,14 +49,19 @@ def real_text() -> str:
     return text()
 
 
-@pytest.fixture(scope="session")
+# KV budget of the tests' engines: 11k tokens of SmolLM2, plenty for any test here. The default (2 GiB)
+# times the dozen engines of a run pushed pytest past 20 GiB and CI's memory limit.
+TEST_KV_BYTES = 512 * 2**20
+
+
+@pytest.fixture(scope="module")
 def smollm2_llm_factory(smollm2_gguf):
-    "Build LLMs over the default model (float32, CPU), closed at the end of the session."
+    "Build LLMs over the default model (float32, CPU); they are closed when the test module ends."
     from helios import LLM
     made = []
 
     def make(**kwargs):
-        llm = LLM(smollm2_gguf, dtype="float32", device="cpu", quiet=True, **kwargs)
+        llm = LLM(smollm2_gguf, dtype="float32", device="cpu", quiet=True, **{"kv_cache_bytes": TEST_KV_BYTES, **kwargs})
         made.append(llm)
         return llm
     yield make

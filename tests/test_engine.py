@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from conftest import real_text
+from conftest import TEST_KV_BYTES, real_text
 from helios import SamplingParams
 from helios.kv_cache import generate
 
@@ -55,7 +55,7 @@ def run_engine(llm, prompts, params, **config):
     "Run prompts through a fresh Engine over llm's model with the given EngineConfig fields."
     from helios.config import EngineConfig
     from helios.engine import Engine
-    engine = Engine.create(llm.model, llm.tokenizer, llm.tokenizer.eos_token_ids, EngineConfig(**config))
+    engine = Engine.create(llm.model, llm.tokenizer, llm.tokenizer.eos_token_ids, EngineConfig(**{"kv_cache_bytes": TEST_KV_BYTES, **config}))
     handles = [engine.submit(p, params) for p in prompts]
     while engine.step(): pass
     stats = engine.stats()

@@ -57,9 +57,8 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    from helios import LLM
-    return LLM(smollm2_gguf, dtype="float32", device="cpu")
+def smollm2(smollm2_llm_factory):
+    return smollm2_llm_factory()
 
 
 @torch.no_grad()

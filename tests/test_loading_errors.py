@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.weights import ModelNotFoundError, find_checkpoint, load_model, resolve_dtype
 
@@ -53,7 +54,8 @@ def test_unsupported_dtype_and_architecture(tmp_path):
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(dtype="float32", device="cpu")
+    with LLM(dtype="float32", device="cpu", kv_cache_bytes=TEST_KV_BYTES) as llm:  # the default model, no path
+        yield llm
 
 
 def test_prompt_errors_are_clear(llm):
