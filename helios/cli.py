@@ -29,7 +29,9 @@ def _env(name: str, default=None):
 def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", default=_env("MODEL"),
                    help="folder, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct) [HELIOS_MODEL]")
-    p.add_argument("--dtype", default=_env("DTYPE", "auto"), choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=_env("DTYPE", "auto"), choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 or float16 on a GPU; on CPU float32 arithmetic over float16-stored "
+                        "weights (fbgemm), float32: exact float32 weights too")
     p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:1, ... [HELIOS_DEVICE]")
     p.add_argument("--threads", type=int, default=_env("THREADS"), help="CPU threads for torch [HELIOS_THREADS]")
 

@@ -208,8 +208,9 @@ class EngineStats:
 
 # %% ../nbs/11_engine.ipynb #d3652f7e
 def weight_bytes(model: torch.nn.Module) -> int:
-    "Bytes of parameters and buffers (pre-packed weights are buffers, chapter 15)."
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    "Bytes of parameters, buffers and fbgemm-packed weights (chapter 15 pre-packs them; oneDNN's are buffers)."
+    tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return tensors + sum(getattr(m, "packed_bytes", 0) for m in model.modules())
 
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:

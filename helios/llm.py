@@ -57,7 +57,8 @@ class LLM:
         loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
-            print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}, {loaded.device}) "
+            weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
+            print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['weight_packing_available', 'PackedLinear', 'pack_linears', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention',
-           'decoding_engine', 'matmul_weights', 'target_report']
+__all__ = ['weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available', 'HalfWeightLinear',
+           'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
+           'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -45,24 +46,49 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def pack_linears(model: nn.Module) -> int:
-    "Replace every float32 CPU nn.Linear (and the LM head) by a PackedLinear; returns how many."
-    if not weight_packing_available(): return 0
+def pack_linears(model: nn.Module, half_weights: bool = False) -> int:
+    """Replace every float32 CPU nn.Linear (and the LM head) by a pre-packed one; returns how many.
+    half_weights: store them in float16 for fbgemm (`HalfWeightLinear`, below), else float32 for oneDNN."""
+    make = HalfWeightLinear if half_weights else PackedLinear
+    if not (half_weights_available() if half_weights else weight_packing_available()): return 0
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and _packable(child.weight):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
+                setattr(module, name, make(child.weight, child.bias))
                 count += 1
     head = getattr(model, "lm_head", None)
     if head is not None and _packable(head.weight):
-        model.lm_head = PackedLinear(head.weight)
+        model.lm_head = make(head.weight)
         count += 1
     return count
 
 
 def _packable(w: torch.Tensor | None) -> bool:
     return isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2
+
+# %% ../nbs/15_performance.ipynb #2199150c
+def half_weights_available() -> bool:
+    "True when this PyTorch build has fbgemm's float16-weight, float32-arithmetic linear (x86 with AVX2)."
+    try:
+        w, x = torch.randn(8, 8), torch.randn(2, 8)
+        y = torch.ops.quantized.linear_dynamic_fp16(x, torch.ops.quantized.linear_prepack_fp16(w, None))
+        return torch.allclose(y, F.linear(x, w.half().float()), atol=1e-4)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class HalfWeightLinear(nn.Module):
+    "A Linear whose weight is stored in float16, packed for fbgemm, and multiplied in float32 (CPU only)."
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.detach(), bias)  # an opaque fbgemm object
+        self.packed_bytes = weight.numel() * 2  # what it holds, for memory accounting (it is not a buffer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out] float32
+        flat = x.reshape(-1, self.in_features)
+        return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).view(*x.shape[:-1], self.out_features)
 
 # %% ../nbs/15_performance.ipynb #7a45d01c
 @dataclass(frozen=True)
@@ -173,7 +199,7 @@ def matmul_weights(model: nn.Module) -> tuple[int, int]:
         w = m.packed if packed else m.weight if isinstance(m, nn.Linear) else None
         if w is None: continue
         n = m.out_features * m.in_features if packed else w.numel()
-        count, size = count + n, size + n * w.element_size()
+        count, size = count + n, size + getattr(m, "packed_bytes", n * getattr(w, "element_size", lambda: 0)())
     head = getattr(model, "lm_head", None)
     if head is not None and not hasattr(head, "packed"):
         count, size = count + head.weight.numel(), size + head.weight.numel() * head.weight.element_size()

@@ -31,7 +31,7 @@ __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', '
            'config_from_gguf', 'load_gguf_tensors', 'LoadedModel', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
-CPU_DEFAULT_DTYPE = torch.float32  # measured fastest for batch-1 decode on CPU (table above)
+CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -273,7 +273,8 @@ class LoadedModel(NamedTuple):
     config: ModelConfig
     path: Path
     gguf_reader: GGUFFile | None  # the parsed file when the checkpoint is a .gguf
-    dtype: torch.dtype
+    dtype: torch.dtype         # activations, norms, KV cache
+    weight_dtype: torch.dtype  # storage of the matmul weights: float16 under `auto` on CPU (chapter 15)
     device: torch.device
     load_time_s: float
 
@@ -283,6 +284,7 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     "Find, read and build a model (None: the embedded default)."
     start = time.perf_counter()
     device = resolve_device(device)
+    half_weights = dtype == "auto" and device.type == "cpu" and CPU_DEFAULT_DTYPE == torch.float32
     dtype = resolve_dtype(dtype, device)
     path = find_checkpoint(model)
     reader = None
@@ -294,7 +296,10 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
         cfg = load_hf_config(path)
         tensors = load_safetensors(path, dtype, device)
     net = model_from_state_dict(cfg, tensors)
-    if optimize:  # chapter 15: same numbers up to float32 rounding, fewer and faster matmuls
+    weight_dtype = dtype
+    if optimize:  # chapter 15: fewer and faster matmuls, the same numbers up to float32 rounding
         net.fuse_projections()                        # 4 matmuls per layer instead of 7
-        if device.type == "cpu": pack_linears(net)    # weights pre-packed for oneDNN
-    return LoadedModel(net, cfg, path, reader, dtype, device, time.perf_counter() - start)
+        if device.type == "cpu":
+            if half_weights and pack_linears(net, half_weights=True): weight_dtype = torch.float16  # fbgemm
+            else: pack_linears(net)                   # float32 weights pre-packed for oneDNN
+    return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start)

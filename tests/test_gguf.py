@@ -73,6 +73,21 @@ def test_smollm2_greedy_matches_transformers(smollm2, smollm2_gguf):
         assert ours == theirs, (smollm2.tokenizer.decode(ours), smollm2.tokenizer.decode(theirs))
 
 
+@torch.no_grad()
+def test_smollm2_default_cpu_weights_match_transformers(smollm2_gguf):
+    "The default load (float16-stored weights, float32 arithmetic) gives transformers' float32 greedy tokens."
+    from helios.tokenizer import load_tokenizer
+    default = load_model(smollm2_gguf, device="cpu")
+    tokenizer = load_tokenizer(default.path, default.gguf_reader)
+    ref = hf_from_gguf(smollm2_gguf)
+    for messages in CHATS:
+        prompt = tokenizer.encode_chat(messages)
+        ids = torch.tensor([prompt])
+        theirs = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                              eos_token_id=None, pad_token_id=2)[0, len(prompt):].tolist()
+        assert generate(default.model, prompt, 24) == theirs
+
+
 def test_smollm2_answers_sensibly(smollm2):
     from helios import SamplingParams
     out = smollm2.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=32))
