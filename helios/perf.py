@@ -1,4 +1,4 @@
-"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, a decode attention that copies only what it reads, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
+"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
 
 Docs: https://helios-engine.github.io/helios/performance.html.md"""
 
