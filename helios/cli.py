@@ -158,11 +158,7 @@ def main(argv: list[str] | None = None):
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key)
             serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level)
-        elif args.command == "generate":
-            try: run_generate(llm, args)
-            finally: llm.close()
         else:
-            try: run_chat(llm, args)
-            finally: llm.close()
+            with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"helios: error: {e}")

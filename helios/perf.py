@@ -199,7 +199,8 @@ def matmul_weights(model: nn.Module) -> tuple[int, int]:
         w = m.packed if packed else m.weight if isinstance(m, nn.Linear) else None
         if w is None: continue
         n = m.out_features * m.in_features if packed else w.numel()
-        count, size = count + n, size + getattr(m, "packed_bytes", n * getattr(w, "element_size", lambda: 0)())
+        nbytes = m.packed_bytes if hasattr(m, "packed_bytes") else n * w.element_size()  # fbgemm's is opaque
+        count, size = count + n, size + nbytes
     head = getattr(model, "lm_head", None)
     if head is not None and not hasattr(head, "packed"):
         count, size = count + head.weight.numel(), size + head.weight.numel() * head.weight.element_size()

@@ -2,19 +2,57 @@
 
 Loads the default model twice (plain, and fused + pre-packed), starts 16 requests of 128 prompt tokens
 each in an engine driven by hand, and profiles decode ticks with `helios.perf.profile_ticks` (chapter
-15). Usage:
+15). With `--compare-weights` it instead loads the model with exact float32 weights and with the CPU
+default (float16-stored weights) and times blocks of ticks of the two engines in turn, so that the
+machine's drift hits both alike. Usage:
 
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
+    python scripts/profile_tick.py --compare-weights [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
 """
 import argparse
 import os
+import time
 
 import torch
 
 from helios.bench import real_text
 from helios.perf import decoding_engine, profile_ticks, sdpa_decode_attention
 from helios.tokenizer import load_tokenizer
-from helios.weights import load_model
+from helios.weights import LoadedModel, load_model
+
+
+def decoding(loaded: LoadedModel, args, backend=None):
+    "An engine over loaded.model whose args.batch requests of args.prompt_tokens tokens are all decoding."
+    tok = load_tokenizer(loaded.path, loaded.gguf_reader)
+    ids = tok.encode(real_text())
+    n = args.prompt_tokens
+    prompts = [ids[i * n:(i + 1) * n] for i in range(args.batch)]
+    eos = tok.eos_token_ids | set(loaded.config.eos_token_ids)
+    engine = decoding_engine(loaded.model, tok, eos, prompts, backend)
+    engine.step()  # warm-up
+    return engine
+
+
+def before_and_after(args):
+    for name in ("before", "after"):
+        if args.only and name != args.only: continue
+        loaded = load_model(optimize=name == "after")
+        engine = decoding(loaded, args, sdpa_decode_attention if name == "before" else None)
+        profile = profile_ticks(engine, ticks=args.ticks)
+        print(f"\n## {name} (load average {os.getloadavg()[0]:.2f})\n{profile.table()}")
+
+
+def compare_weights(args):
+    engines = {"float32 weights": decoding(load_model(dtype="float32"), args),
+               "float16 weights (auto)": decoding(load_model(), args)}
+    ms = {name: [] for name in engines}
+    for _ in range(args.rounds):
+        for name, engine in engines.items():
+            start = time.perf_counter()
+            for _ in range(args.ticks): engine.step()
+            ms[name].append((time.perf_counter() - start) / args.ticks * 1e3)
+    print(f"batch {args.batch}, load average {os.getloadavg()[0]:.2f}; ms per decode tick, {args.rounds} blocks of {args.ticks}:")
+    for name, values in ms.items(): print(f"  {name:24s} " + "  ".join(f"{v:6.1f}" for v in values))
 
 
 def main():
@@ -22,23 +60,16 @@ def main():
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--ticks", type=int, default=10)
+    ap.add_argument("--ticks", type=int, default=None, help="ticks per profile (10) or per block (8)")
     ap.add_argument("--only", choices=["before", "after"], default=None)
+    ap.add_argument("--compare-weights", action="store_true")
+    ap.add_argument("--rounds", type=int, default=4, help="blocks of ticks per engine with --compare-weights")
     args = ap.parse_args()
+    args.ticks = args.ticks or (8 if args.compare_weights else 10)
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads}, load average at start {os.getloadavg()}")
-    for name in ("before", "after"):
-        if args.only and name != args.only: continue
-        loaded = load_model(optimize=name == "after")
-        tok = load_tokenizer(loaded.path, loaded.gguf_reader)
-        ids = tok.encode(real_text())
-        n = args.prompt_tokens
-        prompts = [ids[i * n:(i + 1) * n] for i in range(args.batch)]
-        eos = tok.eos_token_ids | set(loaded.config.eos_token_ids)
-        engine = decoding_engine(loaded.model, tok, eos, prompts, sdpa_decode_attention if name == "before" else None)
-        engine.step()  # warm-up
-        profile = profile_ticks(engine, ticks=args.ticks)
-        print(f"\n## {name} (load average {os.getloadavg()[0]:.2f})\n{profile.table()}")
+    if args.compare_weights: compare_weights(args)
+    else: before_and_after(args)
 
 
 if __name__ == "__main__":

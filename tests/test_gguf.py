@@ -61,31 +61,31 @@ def smollm2(smollm2_llm_factory):
     return smollm2_llm_factory()
 
 
-@torch.no_grad()
-def test_smollm2_greedy_matches_transformers(smollm2, smollm2_gguf):
-    ref = hf_from_gguf(smollm2_gguf)
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2_gguf):
+    return hf_from_gguf(smollm2_gguf)
+
+
+def assert_chats_match_transformers(model, tokenizer, ref):
+    "24 greedy tokens after each chat, ours against transformers in float32."
     for messages in CHATS:
-        prompt = smollm2.tokenizer.encode_chat(messages)
-        ours = generate(smollm2.model, prompt, 24)
+        prompt = tokenizer.encode_chat(messages)
+        ours = generate(model, prompt, 24)
         ids = torch.tensor([prompt])  # an explicit mask: the pad id (2) also ends each chat turn in the prompt
         theirs = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                               eos_token_id=None, pad_token_id=2)[0, len(prompt):].tolist()
-        assert ours == theirs, (smollm2.tokenizer.decode(ours), smollm2.tokenizer.decode(theirs))
+        assert ours == theirs, (tokenizer.decode(ours), tokenizer.decode(theirs))
 
 
 @torch.no_grad()
-def test_smollm2_default_cpu_weights_match_transformers(smollm2_gguf):
+def test_smollm2_greedy_matches_transformers(smollm2, smollm2_reference):
+    assert_chats_match_transformers(smollm2.model, smollm2.tokenizer, smollm2_reference)
+
+
+@torch.no_grad()
+def test_smollm2_default_cpu_weights_match_transformers(smollm2, smollm2_gguf, smollm2_reference):
     "The default load (float16-stored weights, float32 arithmetic) gives transformers' float32 greedy tokens."
-    from helios.tokenizer import load_tokenizer
-    default = load_model(smollm2_gguf, device="cpu")
-    tokenizer = load_tokenizer(default.path, default.gguf_reader)
-    ref = hf_from_gguf(smollm2_gguf)
-    for messages in CHATS:
-        prompt = tokenizer.encode_chat(messages)
-        ids = torch.tensor([prompt])
-        theirs = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                              eos_token_id=None, pad_token_id=2)[0, len(prompt):].tolist()
-        assert generate(default.model, prompt, 24) == theirs
+    assert_chats_match_transformers(load_model(smollm2_gguf, device="cpu").model, smollm2.tokenizer, smollm2_reference)
 
 
 def test_smollm2_answers_sensibly(smollm2):

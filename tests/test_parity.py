@@ -27,15 +27,19 @@ def test_same_logits(tiny_checkpoint):
     assert expected.std() > 1.0  # the weights really are peaked
 
 
-@torch.no_grad()
-def test_same_greedy_tokens(tiny_checkpoint):
-    ours = load_model(tiny_checkpoint, dtype="float32", device="cpu").model
-    ref = hf_model(tiny_checkpoint)
+def assert_greedy_matches_transformers(ours, folder):
+    "32 greedy tokens after 3 random prompts, ours against transformers in float32."
+    ref = hf_model(folder)
     for seed in range(3):
         prompt = torch.randint(0, 512, (1, 7 + 5 * seed), generator=torch.Generator().manual_seed(seed))
         expected = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
                                 do_sample=False, eos_token_id=None, pad_token_id=0)
         assert generate(ours, prompt[0].tolist(), 32) == expected[0, prompt.shape[1]:].tolist()
+
+
+@torch.no_grad()
+def test_same_greedy_tokens(tiny_checkpoint):
+    assert_greedy_matches_transformers(load_model(tiny_checkpoint, dtype="float32", device="cpu").model, tiny_checkpoint)
 
 
 def test_config_is_read_faithfully(tiny_checkpoint):
@@ -86,9 +90,4 @@ def test_default_cpu_weights_stay_within_tolerance(tiny_checkpoint):
     pos = torch.arange(40).expand(2, 40)
     a, b = exact(ids, pos), default.model(ids, pos)
     assert 0 < ((a - b).norm() / a.norm()).item() < HALF_WEIGHTS_TOL  # rounded, and only slightly
-    ref = hf_model(tiny_checkpoint)
-    for seed in range(3):
-        prompt = torch.randint(0, 512, (1, 7 + 5 * seed), generator=torch.Generator().manual_seed(seed))
-        expected = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert generate(default.model, prompt[0].tolist(), 32) == expected[0, prompt.shape[1]:].tolist()
+    assert_greedy_matches_transformers(default.model, tiny_checkpoint)
