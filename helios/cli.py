@@ -14,6 +14,7 @@ from typing import TextIO
 
 import torch
 
+from .config import ATTENTION_CHOICES
 from .llm import LLM
 from .sampling import SamplingParams
 from .server import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
@@ -45,6 +46,8 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--max-queue", type=int)
     p.add_argument("--prefix-cache-ttl-s", type=float)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
+    p.add_argument("--attention", choices=ATTENTION_CHOICES,
+                   help="CPU decode attention: auto (the C kernel where a C compiler builds it), c, torch [HELIOS_ATTENTION]")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser):
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="write the run as JSON here")
     bench.add_argument("--plot", default=None, help="write latency/concurrency/throughput plots (PNG) here")
     bench.add_argument("--compare", nargs="+", default=None, metavar="RUN.json", help="print stored runs side by side")
+    bench.add_argument("--merge", nargs="+", default=None, metavar="RUN.json",
+                       help="merge single runs of one engine and workload into one median run (written to --out)")
     gen = sub.add_parser("generate", help="answer one prompt and exit")
     gen.add_argument("prompt")
     gen.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
@@ -100,7 +105,7 @@ def _params(args) -> SamplingParams:
 
 
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "max_queue",
-               "prefix_cache_ttl_s", "enable_prefix_caching")
+               "prefix_cache_ttl_s", "enable_prefix_caching", "attention")
 
 
 def _load(args, quiet: bool = False) -> LLM:
@@ -150,10 +155,10 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
 
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
-    if args.command == "bench":
-        from helios.bench import bench_main
-        sys.exit(bench_main(args))
     try:
+        if args.command == "bench":
+            from helios.bench import bench_main
+            sys.exit(bench_main(args))
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key)

@@ -19,8 +19,8 @@ import torch
 
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
-from .paged import (KVPool, PagedKV, build_paged_batch, describe_budget, num_pages_for_budget,
-                          pages_needed, pick_attention_backend)
+from .paged import KVPool, PagedKV, build_paged_batch, describe_budget, num_pages_for_budget, pages_needed
+from .perf import choose_attention_backend
 from .prefix_cache import PageManager, PrefixCache
 from .sampling import Completion, SamplingParams, TokenLogprobs, make_generator, sample_batch
 from .scheduler import QueueFull, Scheduler, Sequence, SeqStatus, TickPlan
@@ -137,10 +137,11 @@ class RequestHandle:
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
     "Packs a tick's tokens, runs one forward, returns logits where sequences sample."
-    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend=None):
+    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend=None,
+                 attention: str = "auto"):
         self.model, self.kv, self.page_size = model, kv, kv.page_size
         self.device = model.model.embed_tokens.weight.device
-        self.backend = backend or pick_attention_backend(self.device)
+        self.backend = backend or choose_attention_backend(model.config, kv.k.dtype, self.device, attention)
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long, device=self.device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self._row_of: dict[int, int] = {}
@@ -234,7 +235,7 @@ class Engine:
         self.pages = PageManager(num_pages, config.page_size, cache)
         self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
-        self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
+        self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend, config.attention)
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine import Engine, EngineStats, RequestHandle, RequestOutput
+from .perf import backend_name
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -49,17 +50,19 @@ class LLM:
                  device: str | torch.device = "auto", *, max_batch_size: int | None = None,
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool | None = None,
-                 max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, quiet: bool = False):
+                 max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
+                 quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
-            prefix_cache_ttl_s=prefix_cache_ttl_s)
+            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention)
         loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}{weights}, {loaded.device}) "
-                  f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}", file=sys.stderr)
+                  f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
+                  f"attention: {backend_name(self.engine.runner.backend)}", file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
         self._finalizer.atexit = False

@@ -21,7 +21,8 @@ from .model.attention import sdpa_attention
 # %% auto #0
 __all__ = ['PoolExhausted', 'PagePool', 'pages_needed', 'slot_mapping', 'KVPool', 'page_bytes', 'num_pages_for_budget',
            'describe_budget', 'PagedBatch', 'DecodeRows', 'build_paged_batch', 'reference_attention',
-           'batched_attention', 'varlen_available', 'varlen_attention', 'pick_attention_backend', 'PagedKV']
+           'batched_attention', 'prefill_chunks_attention', 'varlen_available', 'varlen_attention',
+           'pick_attention_backend', 'PagedKV']
 
 # %% ../nbs/08_paged_pool.ipynb #83581fdf
 class PoolExhausted(RuntimeError):
@@ -229,6 +230,12 @@ def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Ten
     out = torch.empty_like(q)
     for rows in groups:
         out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows)
+    return prefill_chunks_attention(q, k_pages, v_pages, batch, out)
+
+
+def prefill_chunks_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                             out: torch.Tensor) -> torch.Tensor:
+    "Causal SDPA for each sequence with more than one new token, written into out. q, out: [1, N, Hq, D]."
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]

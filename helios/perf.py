@@ -1,4 +1,4 @@
-"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
+"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, then a decode kernel in C that copies nothing, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
 
 Docs: https://helios-engine.github.io/helios/performance.html.md"""
 
@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available', 'HalfWeightLinear',
-           'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
-           'target_report']
+__all__ = ['DECODE_ATTENTION_C', 'weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available',
+           'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'build_decode_kernel',
+           'CDecodeAttention', 'decode_kernel_backend', 'choose_attention_backend', 'backend_name', 'TickProfile',
+           'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights', 'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -89,6 +90,289 @@ class HalfWeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out] float32
         flat = x.reshape(-1, self.in_features)
         return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).view(*x.shape[:-1], self.out_features)
+
+# %% ../nbs/15_performance.ipynb #c726a58e
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+from .paged import pick_attention_backend, prefill_chunks_attention, reference_attention
+
+DECODE_ATTENTION_C = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Built once per model shape: HEAD_DIM (a multiple of 8), GROUP (query heads per key/value head), KV_HEADS. */
+#define CHUNKS (HEAD_DIM / 8)                 /* 8-float vectors per head */
+#define HEADS (KV_HEADS * GROUP)              /* query heads */
+#define TOKEN (KV_HEADS * HEAD_DIM)           /* floats per token in a page */
+#define FITS(n) ((n) <= 12 / GROUP && CHUNKS % (n) == 0)  /* GROUP x n accumulators fit in 16 registers */
+#define SPAN (FITS(CHUNKS) ? CHUNKS : FITS(4) ? 4 : FITS(2) ? 2 : 1)  /* vectors of a head per pass over values */
+
+typedef float f8 __attribute__((vector_size(32), aligned(4)));   /* 8 floats, loaded from any address */
+typedef float f4 __attribute__((vector_size(16), aligned(4)));
+typedef int32_t i8 __attribute__((vector_size(32), aligned(4)));
+
+/* [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] */
+static inline f8 pair_sums(f8 a, f8 b) {
+    return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+/* [sum(a), sum(b), sum(c), sum(d)] */
+static inline f4 sums4(f8 a, f8 b, f8 c, f8 d) {
+    const f8 x = pair_sums(pair_sums(a, b), pair_sums(c, d));
+    return __builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7);
+}
+
+/* e^x for x <= 0, eight at a time: x = n ln2 + r with |r| <= ln2/2, e^x = 2^n e^r, e^r by its Taylor series to
+   r^7 (relative error below 1e-7); below -87, where float32 runs out of normal numbers, the result is 0. */
+static inline f8 exp8(f8 x) {
+    const i8 tiny = x < -87.f;
+    x = (f8)((i8)x & ~tiny) - (f8)(tiny & (i8)((f8){0} + 87.f));
+    const i8 n = __builtin_convertvector(x * 1.44269504f - 0.5f, i8);   /* round(x / ln2), as x <= 0 */
+    const f8 nf = __builtin_convertvector(n, f8);
+    const f8 r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;           /* ln2 in two parts: n ln2 is exact */
+    const f8 p = 1.f + r * (1.f + r * (1.f / 2 + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720 + r * (1.f / 5040)))))));
+    return (f8)(((i8)p + (n << 23)) & ~tiny);                             /* times 2^n: add n to the exponent */
+}
+
+/* scores[hq, t] = q[hq] . k[t, hq / GROUP] * scale, for the heads of key/value heads h0..h1-1 and a page's first
+   `count` tokens, four tokens at a time. */
+static void page_scores(const f8 *q, const float *keys, int64_t count, int h0, int h1, float scale,
+                        float *scores, int64_t n) {
+    int64_t t = 0;
+    for (; t + 4 <= count; t += 4) {
+        const float *k = keys + t * TOKEN;
+        for (int h = h0; h < h1; h++) {
+            f8 acc[GROUP][4] = {0};
+            for (int c = 0; c < CHUNKS; c++) {
+                const float *kc = k + h * HEAD_DIM + 8 * c;
+                const f8 k0 = *(const f8 *)kc, k1 = *(const f8 *)(kc + TOKEN);
+                const f8 k2 = *(const f8 *)(kc + 2 * TOKEN), k3 = *(const f8 *)(kc + 3 * TOKEN);
+                for (int g = 0; g < GROUP; g++) {
+                    const f8 qc = q[(h * GROUP + g) * CHUNKS + c];
+                    acc[g][0] += qc * k0; acc[g][1] += qc * k1; acc[g][2] += qc * k2; acc[g][3] += qc * k3;
+                }
+            }
+            for (int g = 0; g < GROUP; g++)
+                *(f4 *)(scores + (h * GROUP + g) * n + t) = sums4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]) * scale;
+        }
+    }
+    for (; t < count; t++)
+        for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {
+            const f8 *k = (const f8 *)(keys + t * TOKEN + (hq / GROUP) * HEAD_DIM);
+            f8 acc = {0};
+            for (int c = 0; c < CHUNKS; c++) acc += q[hq * CHUNKS + c] * k[c];
+            scores[hq * n + t] = sums4(acc, acc, acc, acc)[0] * scale;
+        }
+}
+
+/* out[hq] += sum over a page's first `count` tokens t of p[hq, t] v[t, hq / GROUP], for key/value heads h0..h1-1;
+   SPAN vectors of a head's output at a time, so that they stay in registers. */
+static void page_values(const float *p, int64_t n, const float *values, int64_t count, int h0, int h1, f8 *out) {
+    for (int h = h0; h < h1; h++)
+        for (int c0 = 0; c0 < CHUNKS; c0 += SPAN) {
+            f8 acc[GROUP][SPAN] = {0};
+            for (int64_t t = 0; t < count; t++) {
+                const f8 *v = (const f8 *)(values + t * TOKEN + h * HEAD_DIM + 8 * c0);
+                for (int g = 0; g < GROUP; g++) {
+                    const float pt = p[(h * GROUP + g) * n + t];
+                    for (int c = 0; c < SPAN; c++) acc[g][c] += pt * v[c];
+                }
+            }
+            for (int g = 0; g < GROUP; g++)
+                for (int c = 0; c < SPAN; c++) out[(h * GROUP + g) * CHUNKS + c0 + c] += acc[g][c];
+        }
+}
+
+/* s[0:n] <- softmax(s[0:n]) */
+static void softmax(float *s, int64_t n) {
+    float top = -INFINITY, total = 0.f;
+    for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
+    f8 sum = {0};
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) { const f8 e = exp8(*(f8 *)(s + t) - top); *(f8 *)(s + t) = e; sum += e; }
+    for (; t < n; t++) { s[t] = expf(s[t] - top); total += s[t]; }
+    total += sums4(sum, sum, sum, sum)[0];
+    for (t = 0; t < n; t++) s[t] /= total;
+}
+
+/* One row's query heads of key/value heads h0..h1-1 attend to the row's first n tokens, page by page. */
+static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, int64_t n,
+                  int h0, int h1, float *out, int64_t page_size, float scale) {
+    float *scores = malloc(sizeof(float) * HEADS * n);   /* [HEADS, n]; rows of other heads unused */
+    if (!scores) return 1;
+    for (int64_t start = 0; start < n; start += page_size) {
+        const int64_t count = n - start < page_size ? n - start : page_size;
+        page_scores((const f8 *)q, k_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, scale,
+                    scores + start, n);
+    }
+    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) softmax(scores + hq * n, n);
+    for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)out)[i] = (f8){0};
+    for (int64_t start = 0; start < n; start += page_size) {
+        const int64_t count = n - start < page_size ? n - start : page_size;
+        page_values(scores + start, n, v_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, (f8 *)out);
+    }
+    free(scores);
+    return 0;
+}
+
+/* Decode attention over pages. q, out: [rows, HEADS, HEAD_DIM]; k_pages, v_pages: one layer's
+   [pages, page_size, KV_HEADS, HEAD_DIM]; page_tables: [rows, table_stride]; row r attends to its first
+   context_lens[r] tokens. Work items are rows, or slices of a row's heads when there are fewer rows than
+   threads. Returns 0, or 1 if memory ran out. */
+int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
+                           int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
+                           int64_t page_size, float scale, int threads) {
+    const int slices = rows >= threads ? 1 : (threads + rows - 1) / rows < KV_HEADS ? (threads + rows - 1) / rows : KV_HEADS;
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic) num_threads(threads) reduction(|:failed)
+    for (int64_t item = 0; item < rows * slices; item++) {
+        const int64_t r = item / slices, s = item % slices;
+        const int h0 = s * KV_HEADS / slices, h1 = (s + 1) * KV_HEADS / slices;
+        failed |= attend(q + r * HEADS * HEAD_DIM, k_pages, v_pages, page_tables + r * table_stride, context_lens[r],
+                         h0, h1, out + r * HEADS * HEAD_DIM, page_size, scale);
+    }
+    return failed;
+}
+"""
+
+# %% ../nbs/15_performance.ipynb #55127a39
+class KernelUnavailable(RuntimeError):
+    "The C decode kernel cannot be built or used here; the message says why."
+
+
+def kernel_cache_dir() -> Path:
+    "Where built kernels are kept: $HELIOS_CACHE_DIR/kernels, else ~/.cache/helios/kernels."
+    root = os.environ.get("HELIOS_CACHE_DIR")
+    if not root: root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "helios"
+    return Path(root) / "kernels"
+
+
+def _compile_flags() -> list[str]:
+    "Optimise; use AVX2 and FMA where PyTorch found them (it picks its own kernels the same way)."
+    flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi"]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"): flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def c_compiler() -> str | None:
+    "The path of the C compiler that builds kernels: $CC, else cc; None if there is none."
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def build_decode_kernel(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None) -> Path:
+    "The kernel compiled for one model shape, as a shared library: built once, then taken from the cache."
+    if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
+    compiler = c_compiler()
+    if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH; set CC")
+    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
+    folder, errors = cache_dir or kernel_cache_dir(), []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for openmp in (["-fopenmp"], []):
+            command = [compiler, *_compile_flags(), *openmp, *defines]
+            key = hashlib.sha256("\0".join([DECODE_ATTENTION_C, *command]).encode()).hexdigest()[:16]
+            path = folder / f"decode_attention_{key}.so"
+            if path.exists(): return path
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            run = subprocess.run([*command, "-x", "c", "-", "-o", str(partial), "-lm"], input=DECODE_ATTENTION_C,
+                                 capture_output=True, text=True, timeout=300)
+            if run.returncode == 0:
+                os.replace(partial, path)  # atomic: two processes building the same kernel do no harm
+                return path
+            partial.unlink(missing_ok=True)
+            errors.append(f"$ {' '.join(command)}\n{run.stderr.strip()[-800:]}")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KernelUnavailable(f"could not build the kernel in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder")
+    raise KernelUnavailable("the C decode kernel did not compile:\n" + "\n".join(errors))
+
+# %% ../nbs/15_performance.ipynb #2e26ef33
+class CDecodeAttention:
+    "Attention backend: decode rows through the C kernel, reading the pages in place; prefill chunks through SDPA."
+    name = "C decode kernel"
+
+    def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
+        self.library, self.shape = library, (num_heads, num_kv_heads, head_dim)
+        kernel = ctypes.CDLL(str(library)).paged_decode_attention
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        kernel.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
+        kernel.restype = ctypes.c_int
+        self._kernel = kernel
+        self._batch = self._rows = None  # the tick whose decode rows were last picked out
+
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch) -> torch.Tensor:
+        "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
+        rows = self._decode_rows(batch)
+        if rows is None: return reference_attention(q, k_pages, v_pages, batch)  # prefill only
+        token_index, tables, lens = rows
+        if token_index is None: return self.decode(q[0], k_pages, v_pages, tables, lens)[None]
+        out = torch.empty_like(q)
+        out[0, token_index] = self.decode(q[0, token_index], k_pages, v_pages, tables, lens)
+        return prefill_chunks_attention(q, k_pages, v_pages, batch, out)
+
+    def _decode_rows(self, batch):
+        "(packed index of the one-token rows or None if every row is one, their page tables, their lengths)."
+        if batch is not self._batch:
+            rows = [i for i, n in enumerate(batch.query_lens) if n == 1]
+            every = len(rows) == batch.num_seqs
+            self._batch, self._rows = batch, None if not rows else (
+                None if every else torch.tensor([batch.query_starts[i] for i in rows]),
+                (batch.page_tables if every else batch.page_tables[rows]).to(torch.int64).contiguous(),
+                torch.tensor([batch.context_lens[i] for i in rows], dtype=torch.int64))
+        return self._rows
+
+    def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
+               lens: torch.Tensor) -> torch.Tensor:
+        "One query per row against its first lens[r] tokens. q: [R, Hq, D], tables: [R, n] -> [R, Hq, D]."
+        num_heads, num_kv_heads, head_dim = self.shape
+        if q.shape[1:] != (num_heads, head_dim) or k_pages.shape[2:] != (num_kv_heads, head_dim):
+            raise ValueError(f"the kernel was built for {num_heads} query and {num_kv_heads} KV heads of {head_dim}, "
+                             f"got q {tuple(q.shape)} and pages {tuple(k_pages.shape)}")
+        if not (q.dtype == k_pages.dtype == v_pages.dtype == torch.float32 and k_pages.is_contiguous()
+                and v_pages.is_contiguous()):
+            raise ValueError("the kernel reads contiguous float32 queries and pages")
+        q, out = q.contiguous(), torch.empty_like(q, memory_format=torch.contiguous_format)
+        failed = self._kernel(q.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), tables.data_ptr(), tables.stride(0),
+                              lens.data_ptr(), out.data_ptr(), q.shape[0], k_pages.shape[1], head_dim ** -0.5,
+                              torch.get_num_threads())
+        if failed: raise MemoryError("the C decode kernel could not allocate its scores")
+        return out
+
+# %% ../nbs/15_performance.ipynb #8ed8c56b
+def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CDecodeAttention:
+    "The C backend for this model, or KernelUnavailable saying why not."
+    if torch.device(device).type != "cpu": raise KernelUnavailable(f"the C kernel runs on the CPU, not {device}")
+    if kv_dtype != torch.float32: raise KernelUnavailable(f"the C kernel reads float32 K/V pages, not {kv_dtype}")
+    library = build_decode_kernel(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)
+    try:
+        return CDecodeAttention(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+    except OSError as e:  # the library does not load (a broken file in the cache, a missing libgomp)
+        raise KernelUnavailable(f"could not load {library}: {e}")
+
+
+def choose_attention_backend(cfg, kv_dtype: torch.dtype, device: torch.device, attention: str = "auto"):
+    """The engine's attention backend. attention: 'auto' (the C kernel on a CPU where it builds, else PyTorch),
+    'c' (the C kernel, or an error saying why not) or 'torch' (PyTorch ops only)."""
+    device = torch.device(device)
+    if attention == "torch" or (attention == "auto" and device.type != "cpu"): return pick_attention_backend(device)
+    try:
+        return decode_kernel_backend(cfg, kv_dtype, device)
+    except KernelUnavailable as e:
+        if attention == "c": raise
+        if kv_dtype == torch.float32:  # a float32 CPU engine that could have had the kernel
+            warnings.warn(f"decode attention falls back to PyTorch: {e}", RuntimeWarning, stacklevel=2)
+        return pick_attention_backend(device)
+
+
+def backend_name(backend) -> str:
+    "How the start-up line names an attention backend."
+    return getattr(backend, "name", None) or getattr(backend, "__name__", type(backend).__name__)
 
 # %% ../nbs/15_performance.ipynb #7a45d01c
 @dataclass(frozen=True)

@@ -2,12 +2,15 @@
 
 Loads the default model twice (plain, and fused + pre-packed), starts 16 requests of 128 prompt tokens
 each in an engine driven by hand, and profiles decode ticks with `helios.perf.profile_ticks` (chapter
-15). With `--compare-weights` it instead loads the model with exact float32 weights and with the CPU
-default (float16-stored weights) and times blocks of ticks of the two engines in turn, so that the
-machine's drift hits both alike. Usage:
+15). The two A/B modes time blocks of ticks of two engines in turn, so that the machine's drift hits
+both alike, and check that both engines produced the same tokens: `--compare-weights` loads the model
+with exact float32 weights and with the CPU default (float16-stored weights); `--compare-attention`
+runs the default model with PyTorch's decode attention (`batched_attention`) and with the C kernel.
+Usage:
 
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
     python scripts/profile_tick.py --compare-weights [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
+    python scripts/profile_tick.py --compare-attention [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
 """
 import argparse
 import os
@@ -16,7 +19,8 @@ import time
 import torch
 
 from helios.bench import real_text
-from helios.perf import decoding_engine, profile_ticks, sdpa_decode_attention
+from helios.paged import batched_attention
+from helios.perf import decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
 from helios.tokenizer import load_tokenizer
 from helios.weights import LoadedModel, load_model
 
@@ -43,8 +47,19 @@ def before_and_after(args):
 
 
 def compare_weights(args):
-    engines = {"float32 weights": decoding(load_model(dtype="float32"), args),
-               "float16 weights (auto)": decoding(load_model(), args)}
+    compare({"float32 weights": decoding(load_model(dtype="float32"), args),
+             "float16 weights (auto)": decoding(load_model(), args)}, args)
+
+
+def compare_attention(args):
+    loaded = load_model()
+    kernel = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
+    compare({"batched_attention": decoding(loaded, args, batched_attention),
+             "C decode kernel": decoding(loaded, args, kernel)}, args, same_model=True)
+
+
+def compare(engines: dict, args, same_model: bool = False):
+    "Alternate blocks of args.ticks ticks between the engines; print ms per tick (and, for one model, whether tokens agree)."
     ms = {name: [] for name in engines}
     for _ in range(args.rounds):
         for name, engine in engines.items():
@@ -53,6 +68,10 @@ def compare_weights(args):
             ms[name].append((time.perf_counter() - start) / args.ticks * 1e3)
     print(f"batch {args.batch}, load average {os.getloadavg()[0]:.2f}; ms per decode tick, {args.rounds} blocks of {args.ticks}:")
     for name, values in ms.items(): print(f"  {name:24s} " + "  ".join(f"{v:6.1f}" for v in values))
+    if same_model:
+        tokens = [[list(s.output_ids) for s in e.scheduler.running] for e in engines.values()]
+        print(f"same greedy tokens in every row: {all(t == tokens[0] for t in tokens)} "
+              f"({sum(map(len, tokens[0]))} tokens each)")
 
 
 def main():
@@ -63,12 +82,15 @@ def main():
     ap.add_argument("--ticks", type=int, default=None, help="ticks per profile (10) or per block (8)")
     ap.add_argument("--only", choices=["before", "after"], default=None)
     ap.add_argument("--compare-weights", action="store_true")
+    ap.add_argument("--compare-attention", action="store_true")
     ap.add_argument("--rounds", type=int, default=4, help="blocks of ticks per engine with --compare-weights")
     args = ap.parse_args()
-    args.ticks = args.ticks or (8 if args.compare_weights else 10)
+    comparing = args.compare_weights or args.compare_attention
+    args.ticks = args.ticks or (8 if comparing else 10)
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads}, load average at start {os.getloadavg()}")
     if args.compare_weights: compare_weights(args)
+    elif args.compare_attention: compare_attention(args)
     else: before_and_after(args)
 
 

@@ -91,3 +91,26 @@ def test_repetitions_use_new_prompts(tiny_server, tmp_path):
                   "--repeat", "2", "--seed", "100", "--out", str(out))
     assert r.returncode == 0, r.stderr + r.stdout
     assert [rep["restored_tokens"] for rep in load_run(out).repetitions] == [0, 0]
+
+
+def test_merge_takes_the_median_of_runs_made_apart(tiny_server, tmp_path):
+    "peers.sh runs each repetition in its own round; --merge makes them one run, as --repeat would."
+    from helios.bench import load_run
+    paths = []
+    for seed in range(3):
+        p = tmp_path / f"decode.{seed}.json"
+        r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "decode-16",
+                      "--seed", str(200 + seed), "--engine", "tiny", "--out", str(p))
+        assert r.returncode == 0, r.stderr
+        paths.append(str(p))
+    out = tmp_path / "merged.json"
+    r = run_bench("--merge", *paths, "--out", str(out))
+    assert r.returncode == 0 and "median of 3 repetitions run apart" in r.stdout, r.stderr
+    merged, singles = load_run(out), [load_run(p).metrics["overall"] for p in paths]
+    for key in ("output_tok_s", "ttft_p95_s", "e2e_p50_s"):
+        assert merged.metrics["overall"][key] == sorted(s[key] for s in singles)[1], key
+    other = tmp_path / "other.json"
+    assert run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "decode-16",
+                     "--engine", "another", "--out", str(other)).returncode == 0
+    r = run_bench("--merge", paths[0], str(other))
+    assert r.returncode != 0 and "one engine and workload" in r.stderr

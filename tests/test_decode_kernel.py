@@ -1,0 +1,159 @@
+"""The C decode kernel (chapter 15): equal to the reference attention, the CPU default where it builds, and a clear
+fallback or error where it does not."""
+import random
+import warnings
+
+import pytest
+import torch
+
+from conftest import TEST_KV_BYTES
+from helios import LLM, SamplingParams
+from helios.config import ModelConfig
+from helios.paged import batched_attention, build_paged_batch, pages_needed, reference_attention
+from helios.perf import (CDecodeAttention, KernelUnavailable, backend_name, build_decode_kernel, c_compiler,
+                         choose_attention_backend, decode_kernel_backend)
+
+CPU = torch.device("cpu")
+needs_compiler = pytest.mark.skipif(c_compiler() is None, reason="no C compiler (CI installs gcc)")
+
+
+def attention_config(num_heads, num_kv_heads, head_dim) -> ModelConfig:
+    return ModelConfig(architecture="llama", vocab_size=8, hidden_size=num_heads * head_dim, intermediate_size=8,
+                       num_layers=1, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+
+
+def random_tick(seed, num_heads, num_kv_heads, head_dim, page_size, decode_only, max_pages=10):
+    "Random pages and a batch of sequences with scattered pages; some decoding, some prefilling."
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    num_pages = 12 * max_pages
+    k_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
+    v_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
+    lens = [1 if decode_only or rng.random() < 0.6 else rng.randint(2, 9) for _ in range(rng.randint(1, 9))]
+    starts = [rng.randint(0, max_pages * page_size - 10) for _ in lens]
+    free = list(range(num_pages)); rng.shuffle(free)
+    tables = torch.zeros(len(lens), max_pages + 1, dtype=torch.long)
+    for i, (s, n) in enumerate(zip(starts, lens)):
+        for j in range(pages_needed(s + n, page_size)): tables[i, j] = free.pop()
+    q = torch.randn(1, sum(lens), num_heads, head_dim, generator=gen) * 2
+    return q, k_pages, v_pages, build_paged_batch(tables, starts, lens, page_size)
+
+
+@pytest.fixture
+def threads():
+    "Restore torch's thread count after a test that changes it."
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", [(9, 3, 64, 16), (16, 8, 128, 8), (8, 2, 64, 4), (4, 4, 8, 4), (8, 1, 32, 8),
+                                   (12, 4, 16, 256), (6, 2, 80, 8), (4, 4, 40, 8), (16, 1, 64, 8)])
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_equals_reference(shape, seed, threads):
+    num_heads, num_kv_heads, head_dim, page_size = shape
+    backend = decode_kernel_backend(attention_config(num_heads, num_kv_heads, head_dim), torch.float32, CPU)
+    torch.set_num_threads(1 + seed % 3)  # one thread, two, three: rows or slices of heads per thread
+    q, k_pages, v_pages, batch = random_tick(seed, num_heads, num_kv_heads, head_dim, page_size, seed % 2 == 0)
+    torch.testing.assert_close(backend(q, k_pages, v_pages, batch), reference_attention(q, k_pages, v_pages, batch),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_kernel_on_a_long_context_and_extreme_scores(threads):
+    "One row of 5,000 tokens over 20 scattered pages, with scores far apart (exp of very negative numbers is 0)."
+    backend = decode_kernel_backend(attention_config(4, 2, 64), torch.float32, CPU)
+    gen = torch.Generator().manual_seed(0)
+    k_pages, v_pages = torch.randn(40, 256, 2, 64, generator=gen), torch.randn(40, 256, 2, 64, generator=gen)
+    batch = build_paged_batch(torch.randperm(40, generator=gen)[:20][None], [4999], [1], 256)
+    for scale, n in ((1.0, 1), (30.0, 2)):
+        torch.set_num_threads(n)
+        q = torch.randn(1, 1, 4, 64, generator=gen) * scale
+        torch.testing.assert_close(backend(q, k_pages, v_pages, batch), reference_attention(q, k_pages, v_pages, batch),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_kernel_refuses_a_shape_it_was_not_built_for():
+    backend = decode_kernel_backend(attention_config(4, 2, 16), torch.float32, CPU)
+    q, k_pages, v_pages, batch = random_tick(0, 4, 1, 16, 8, decode_only=True)
+    with pytest.raises(ValueError, match="built for 4 query and 2 KV heads of 16"):
+        backend(q, k_pages, v_pages, batch)
+
+
+@needs_compiler
+def test_built_kernel_is_reused_from_the_cache(tmp_path):
+    path = build_decode_kernel(64, 3, 3, cache_dir=tmp_path)
+    built = path.stat().st_mtime_ns
+    assert build_decode_kernel(64, 3, 3, cache_dir=tmp_path) == path and path.stat().st_mtime_ns == built
+    assert build_decode_kernel(64, 2, 3, cache_dir=tmp_path) != path  # another shape, another library
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_no_compiler_falls_back_with_a_warning_or_fails_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    cfg = attention_config(4, 2, 16)
+    with pytest.warns(RuntimeWarning, match="falls back to PyTorch: no C compiler"):
+        assert choose_attention_backend(cfg, torch.float32, CPU, "auto") is batched_attention
+    with pytest.raises(KernelUnavailable, match="no C compiler"):
+        choose_attention_backend(cfg, torch.float32, CPU, "c")
+
+
+def test_a_compiler_that_fails_says_what_it_ran(tmp_path, monkeypatch):
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(KernelUnavailable, match="did not compile") as e:
+        choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU, "c")
+    assert "-fopenmp" in str(e.value) and "-DHEAD_DIM=16" in str(e.value)
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.partial"))
+
+
+def test_shapes_and_dtypes_the_kernel_does_not_cover_use_pytorch():
+    with pytest.warns(RuntimeWarning, match="head_dim 12 is not a multiple of 8"):
+        assert choose_attention_backend(attention_config(4, 2, 12), torch.float32, CPU) is batched_attention
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a bfloat16 engine never had the kernel: no warning
+        assert choose_attention_backend(attention_config(4, 2, 16), torch.bfloat16, CPU) is batched_attention
+        assert choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU, "torch") is batched_attention
+    with pytest.raises(KernelUnavailable, match="not torch.bfloat16"):
+        choose_attention_backend(attention_config(4, 2, 16), torch.bfloat16, CPU, "c")
+
+
+@needs_compiler
+def test_engine_tokens_are_the_same_with_either_backend(tiny_folder):
+    "Greedy tokens of a mixed batch (prefills next to decodes, several pages, a shared prefix) through both backends."
+    rng = random.Random(0)
+    shared = [rng.randrange(500) for _ in range(40)]
+    prompts = [shared + [rng.randrange(500) for _ in range(n)] for n in (1, 5, 30, 90, 7, 60)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = {}
+    for attention in ("c", "torch"):
+        with LLM(tiny_folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES,
+                 max_batch_size=4, prefill_chunk_size=48, page_size=16, attention=attention) as llm:
+            backend = llm.engine.runner.backend
+            assert isinstance(backend, CDecodeAttention) if attention == "c" else backend is batched_attention
+            outputs[attention] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outputs["c"] == outputs["torch"]
+
+
+@needs_compiler
+def test_the_kernel_is_the_cpu_default_and_named_at_start_up(tiny_folder, monkeypatch, capsys):
+    monkeypatch.delenv("HELIOS_ATTENTION", raising=False)
+    with LLM(tiny_folder, dtype="float32", device="cpu", kv_cache_bytes=TEST_KV_BYTES) as llm:
+        assert backend_name(llm.engine.runner.backend) == "C decode kernel"
+    assert "attention: C decode kernel" in capsys.readouterr().err
+    monkeypatch.setenv("HELIOS_ATTENTION", "torch")
+    with LLM(tiny_folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as llm:
+        assert llm.engine.runner.backend is batched_attention
+
+
+@needs_compiler
+def test_an_unwritable_cache_falls_back(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(blocker))  # kernels would go to file/kernels: impossible
+    with pytest.raises(KernelUnavailable, match="set HELIOS_CACHE_DIR to a writable folder"):
+        choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU, "c")
+    with pytest.warns(RuntimeWarning, match="falls back to PyTorch"):
+        assert choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU) is batched_attention
