@@ -95,12 +95,16 @@ start_server() {  # $1 label, $2 port, $3 flags description, rest: the server co
   local start=$SECONDS
   "$@" > "$OUT/$label.server.log" 2>&1 &
   PIDS[$label]=$! PORTS[$label]=$port FLAGS[$label]=$flags
+  LABELS+=("$label")  # before waiting: a server that never gets ready is still stopped on exit
   wait_ready "${PIDS[$label]}" "$port"
   echo "$label start-up: $((SECONDS - start)) s" | tee "$OUT/$label.startup.txt"
-  LABELS+=("$label")
 }
 
-stop_servers() { for label in "${LABELS[@]}"; do kill -INT "${PIDS[$label]}" 2>/dev/null || true; done; wait || true; }
+stop_servers() {
+  for label in "${LABELS[@]}"; do kill -INT "${PIDS[$label]}" 2>/dev/null || true; done
+  wait || true
+  LABELS_RUN=("${LABELS[@]}"); LABELS=()  # stopped once: the exit trap has nothing left to signal
+}
 trap stop_servers EXIT
 
 log "probing this machine's matmul rate and memory bandwidth"
@@ -145,11 +149,14 @@ for round in $(seq 1 "$REPEAT"); do
 done
 stop_servers
 
+shopt -s nullglob
 for w in $WORKLOADS; do
-  for label in "${LABELS[@]}"; do
-    helios bench --merge "$OUT"/rounds/$w.$label.[0-9]*.json --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md"
+  for label in "${LABELS_RUN[@]}"; do
+    singles=("$OUT"/rounds/$w.$label.[0-9]*.json)
+    if [ ${#singles[@]} -eq 0 ]; then log "$label: no run of $w to merge"; continue; fi
+    helios bench --merge "${singles[@]}" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" || log "$label: merging $w failed"
   done
-  runs=$(ls "$OUT"/$w.helios.json "$OUT"/$w.*.json 2>/dev/null | awk '!seen[$0]++')
+  runs=$( (ls "$OUT"/$w.helios.json 2>/dev/null; ls "$OUT"/$w.*.json) | awk '!seen[$0]++')  # Helios first, if it ran
   helios bench --compare $runs --plot "$OUT/$w.png" > "$OUT/$w.compare.md"
   log "wrote $OUT/$w.compare.md"
 done

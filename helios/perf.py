@@ -95,8 +95,10 @@ class HalfWeightLinear(nn.Module):
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -118,15 +120,21 @@ typedef float f8 __attribute__((vector_size(32), aligned(4)));   /* 8 floats, lo
 typedef float f4 __attribute__((vector_size(16), aligned(4)));
 typedef int32_t i8 __attribute__((vector_size(32), aligned(4)));
 
+#if defined(__clang__) || __GNUC__ >= 12                 /* lanes of a and b, picked by index (b's from 8) */
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else                                                    /* GCC before 12 spells it differently */
+#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (i8){__VA_ARGS__})
+#endif
+
 /* [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] */
 static inline f8 pair_sums(f8 a, f8 b) {
-    return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+    return SHUFFLE(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + SHUFFLE(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 }
 
 /* [sum(a), sum(b), sum(c), sum(d)] */
 static inline f4 sums4(f8 a, f8 b, f8 c, f8 d) {
     const f8 x = pair_sums(pair_sums(a, b), pair_sums(c, d));
-    return __builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7);
+    return (f4){x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]};
 }
 
 /* e^x for x <= 0, eight at a time: x = n ln2 + r with |r| <= ln2/2, e^x = 2^n e^r, e^r by its Taylor series to
@@ -261,36 +269,55 @@ def _compile_flags() -> list[str]:
     return flags
 
 
-def c_compiler() -> str | None:
-    "The path of the C compiler that builds kernels: $CC, else cc; None if there is none."
-    return shutil.which(os.environ.get("CC", "cc"))
+def c_compiler() -> list[str] | None:
+    "The C compiler's command: $CC (it may carry words, as in 'ccache gcc'), else cc; None if there is none."
+    words = shlex.split(os.environ.get("CC") or "cc")
+    path = shutil.which(words[0]) if words else None
+    return [path, *words[1:]] if path else None
 
 
-def build_decode_kernel(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None) -> Path:
+def build_decode_kernel(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None,
+                        rebuild: bool = False) -> Path:
     "The kernel compiled for one model shape, as a shared library: built once, then taken from the cache."
     if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
     compiler = c_compiler()
-    if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH; set CC")
-    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
-    folder, errors = cache_dir or kernel_cache_dir(), []
+    if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
     try:
+        folder = cache_dir or kernel_cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        for openmp in (["-fopenmp"], []):
-            command = [compiler, *_compile_flags(), *openmp, *defines]
-            key = hashlib.sha256("\0".join([DECODE_ATTENTION_C, *command]).encode()).hexdigest()[:16]
-            path = folder / f"decode_attention_{key}.so"
-            if path.exists(): return path
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            run = subprocess.run([*command, "-x", "c", "-", "-o", str(partial), "-lm"], input=DECODE_ATTENTION_C,
-                                 capture_output=True, text=True, timeout=300)
-            if run.returncode == 0:
-                os.replace(partial, path)  # atomic: two processes building the same kernel do no harm
-                return path
-            partial.unlink(missing_ok=True)
-            errors.append(f"$ {' '.join(command)}\n{run.stderr.strip()[-800:]}")
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise KernelUnavailable(f"could not build the kernel in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder")
+    except (OSError, RuntimeError) as e:  # RuntimeError: no home folder to put the cache in
+        raise KernelUnavailable(f"no folder for built kernels ({e}); set HELIOS_CACHE_DIR to a writable folder")
+    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
+    errors = []
+    for openmp in (["-fopenmp"], []):
+        built = _build([*compiler, *_compile_flags(), *openmp, *defines], folder, rebuild)
+        if isinstance(built, Path): return built
+        errors.append(built)
     raise KernelUnavailable("the C decode kernel did not compile:\n" + "\n".join(errors))
+
+
+def _build(command: list[str], folder: Path, rebuild: bool) -> Path | str:
+    "The library this command makes, from the cache or compiled now; if it cannot be made, what went wrong."
+    key = hashlib.sha256("\0".join([DECODE_ATTENTION_C, *command]).encode()).hexdigest()[:16]
+    path = folder / f"decode_attention_{key}.so"
+    if path.exists() and not rebuild: return path
+    shown = "$ " + " ".join(command)
+    try:
+        handle, partial = tempfile.mkstemp(suffix=".partial", dir=folder)
+        os.close(handle)
+    except OSError as e:
+        return f"{shown}\ncannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder"
+    try:
+        run = subprocess.run([*command, "-x", "c", "-", "-o", partial, "-lm"], input=DECODE_ATTENTION_C,
+                             capture_output=True, text=True, timeout=300)
+        if run.returncode == 0:
+            os.replace(partial, path)  # atomic: two processes building the same kernel do no harm
+            return path
+        return f"{shown}\n{run.stderr.strip()[-800:]}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{shown}\n{e}"
+    finally:
+        Path(partial).unlink(missing_ok=True)
 
 # %% ../nbs/15_performance.ipynb #2e26ef33
 class CDecodeAttention:
@@ -337,6 +364,9 @@ class CDecodeAttention:
         if not (q.dtype == k_pages.dtype == v_pages.dtype == torch.float32 and k_pages.is_contiguous()
                 and v_pages.is_contiguous()):
             raise ValueError("the kernel reads contiguous float32 queries and pages")
+        if not (tables.dtype == lens.dtype == torch.int64 and tables.stride(1) == 1 and lens.is_contiguous()
+                and tables.shape[0] == lens.shape[0] == q.shape[0] and tables.device == lens.device == q.device):
+            raise ValueError("the kernel reads one row of int64 page table and one int64 length per query")
         q, out = q.contiguous(), torch.empty_like(q, memory_format=torch.contiguous_format)
         failed = self._kernel(q.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), tables.data_ptr(), tables.stride(0),
                               lens.data_ptr(), out.data_ptr(), q.shape[0], k_pages.shape[1], head_dim ** -0.5,
@@ -349,10 +379,15 @@ def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> C
     "The C backend for this model, or KernelUnavailable saying why not."
     if torch.device(device).type != "cpu": raise KernelUnavailable(f"the C kernel runs on the CPU, not {device}")
     if kv_dtype != torch.float32: raise KernelUnavailable(f"the C kernel reads float32 K/V pages, not {kv_dtype}")
-    library = build_decode_kernel(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)
+    shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
+    library = build_decode_kernel(*shape)
     try:
         return CDecodeAttention(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
-    except OSError as e:  # the library does not load (a broken file in the cache, a missing libgomp)
+    except OSError:  # a broken file in the cache: build it again, once
+        library = build_decode_kernel(*shape, rebuild=True)
+    try:
+        return CDecodeAttention(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+    except OSError as e:  # it still does not load (a missing OpenMP runtime, say)
         raise KernelUnavailable(f"could not load {library}: {e}")
 
 

@@ -14,7 +14,14 @@ from helios.perf import (CDecodeAttention, KernelUnavailable, backend_name, buil
                          choose_attention_backend, decode_kernel_backend)
 
 CPU = torch.device("cpu")
-needs_compiler = pytest.mark.skipif(c_compiler() is None, reason="no C compiler (CI installs gcc)")
+
+
+def kernel_builds() -> bool:
+    try: return build_decode_kernel(64, 3, 3).exists()
+    except KernelUnavailable: return False
+
+
+needs_compiler = pytest.mark.skipif(not kernel_builds(), reason="no C compiler that builds the kernel (CI installs gcc)")
 
 
 def attention_config(num_heads, num_kv_heads, head_dim) -> ModelConfig:
@@ -157,3 +164,47 @@ def test_an_unwritable_cache_falls_back(tmp_path, monkeypatch):
         choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU, "c")
     with pytest.warns(RuntimeWarning, match="falls back to PyTorch"):
         assert choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU) is batched_attention
+
+
+@needs_compiler
+def test_cc_may_carry_arguments(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "cc -Wall")  # as in CC="ccache gcc"
+    assert c_compiler()[1:] == ["-Wall"]
+    assert build_decode_kernel(16, 2, 2, cache_dir=tmp_path).exists()
+    monkeypatch.setenv("CC", "")  # empty: the default
+    assert c_compiler() is not None
+
+
+@needs_compiler
+def test_a_broken_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    cfg = attention_config(4, 2, 16)
+    path = build_decode_kernel(16, 2, 2)
+    path.write_bytes(b"not a shared library")
+    backend = decode_kernel_backend(cfg, torch.float32, CPU)
+    assert backend.library == path and path.read_bytes()[:4] == b"\x7fELF"
+    q, k_pages, v_pages, batch = random_tick(1, 4, 2, 16, 8, decode_only=True)
+    torch.testing.assert_close(backend(q, k_pages, v_pages, batch), reference_attention(q, k_pages, v_pages, batch),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_no_home_folder_falls_back(monkeypatch):
+    "A container user with no HOME and no passwd entry: Path.home() raises RuntimeError, the engine still starts."
+    monkeypatch.delenv("HELIOS_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    def no_home(): raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr("pathlib.Path.home", staticmethod(no_home))
+    with pytest.warns(RuntimeWarning, match="set HELIOS_CACHE_DIR"):
+        assert choose_attention_backend(attention_config(4, 2, 16), torch.float32, CPU) is batched_attention
+
+
+@needs_compiler
+def test_decode_refuses_tables_it_would_misread():
+    backend = decode_kernel_backend(attention_config(4, 2, 16), torch.float32, CPU)
+    q, k_pages, v_pages = torch.randn(2, 4, 16), torch.randn(8, 8, 2, 16), torch.randn(8, 8, 2, 16)
+    tables, lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([9, 12])
+    assert backend.decode(q, k_pages, v_pages, tables, lens).shape == (2, 4, 16)
+    for bad_tables, bad_lens in ((tables.int(), lens), (tables.t(), lens), (tables, lens[:1])):
+        with pytest.raises(ValueError, match="int64 page table"):
+            backend.decode(q, k_pages, v_pages, bad_tables, bad_lens)
