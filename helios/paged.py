@@ -276,6 +276,7 @@ class PagedKV:
     "K/V storage in a KVPool for one packed forward."
     def __init__(self, pool: KVPool, batch: PagedBatch, backend=reference_attention):
         self.pool, self.batch, self.backend = pool, batch, backend
+        self.run_layer = getattr(backend, "run_layer", None)  # a backend that runs whole layers (chapter 15)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         "q: [1, N, Hq, D], k/v: [1, N, Hkv, D] -> [1, N, Hq, D]."

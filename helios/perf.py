@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION_C', 'weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available',
-           'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'build_decode_kernel',
-           'CDecodeAttention', 'decode_kernel_backend', 'choose_attention_backend', 'backend_name', 'TickProfile',
-           'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights', 'target_report']
+__all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'weight_packing_available', 'PackedLinear', 'pack_linears',
+           'half_weights_available', 'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler',
+           'build_kernels', 'CDecodeAttention', 'CLayerKernels', 'decode_kernel_backend', 'choose_attention_backend',
+           'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
+           'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -276,9 +277,9 @@ def c_compiler() -> list[str] | None:
     return [path, *words[1:]] if path else None
 
 
-def build_decode_kernel(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None,
-                        rebuild: bool = False) -> Path:
-    "The kernel compiled for one model shape, as a shared library: built once, then taken from the cache."
+def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None, rebuild: bool = False,
+                  source: str = DECODE_ATTENTION_C) -> Path:
+    "C source compiled for one model shape, as a shared library: built once, then taken from the cache."
     if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
     compiler = c_compiler()
     if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
@@ -290,16 +291,16 @@ def build_decode_kernel(head_dim: int, group: int, kv_heads: int, cache_dir: Pat
     defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
     errors = []
     for openmp in (["-fopenmp"], []):
-        built = _build([*compiler, *_compile_flags(), *openmp, *defines], folder, rebuild)
+        built = _build(source, [*compiler, *_compile_flags(), *openmp, *defines], folder, rebuild)
         if isinstance(built, Path): return built
         errors.append(built)
-    raise KernelUnavailable("the C decode kernel did not compile:\n" + "\n".join(errors))
+    raise KernelUnavailable("the C kernels did not compile:\n" + "\n".join(errors))
 
 
-def _build(command: list[str], folder: Path, rebuild: bool) -> Path | str:
-    "The library this command makes, from the cache or compiled now; if it cannot be made, what went wrong."
-    key = hashlib.sha256("\0".join([DECODE_ATTENTION_C, *command]).encode()).hexdigest()[:16]
-    path = folder / f"decode_attention_{key}.so"
+def _build(source: str, command: list[str], folder: Path, rebuild: bool) -> Path | str:
+    "The library this command makes of source, from the cache or compiled now; if it cannot be made, what went wrong."
+    key = hashlib.sha256("\0".join([source, *command]).encode()).hexdigest()[:16]
+    path = folder / f"helios_kernels_{key}.so"
     if path.exists() and not rebuild: return path
     shown = "$ " + " ".join(command)
     try:
@@ -308,7 +309,7 @@ def _build(command: list[str], folder: Path, rebuild: bool) -> Path | str:
     except OSError as e:
         return f"{shown}\ncannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder"
     try:
-        run = subprocess.run([*command, "-x", "c", "-", "-o", partial, "-lm"], input=DECODE_ATTENTION_C,
+        run = subprocess.run([*command, "-x", "c", "-", "-o", partial, "-lm"], input=source,
                              capture_output=True, text=True, timeout=300)
         if run.returncode == 0:
             os.replace(partial, path)  # atomic: two processes building the same kernel do no harm
@@ -374,26 +375,173 @@ class CDecodeAttention:
         if failed: raise MemoryError("the C decode kernel could not allocate its scores")
         return out
 
+# %% ../nbs/15_performance.ipynb #953bebfb
+LAYER_OPS_C = r"""
+/* The rest of a decoder layer but its matmuls. Row-parallel loops use one thread below PARALLEL_MIN floats of
+   work, where waking the other threads costs more than it saves. */
+#define PARALLEL_MIN 65536
+
+static inline float sum_squares(const float *x, int64_t dim) {
+    f8 acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= dim; i += 8) { const f8 v = *(const f8 *)(x + i); acc += v * v; }
+    float total = sums4(acc, acc, acc, acc)[0];
+    for (; i < dim; i++) total += x[i] * x[i];
+    return total;
+}
+
+/* normed[r] = y[r] / rms(y[r]) * weight for rows r of [rows, dim], where y = x + residual (also written to sum)
+   when residual is given, else y = x. */
+void rms_norm(const float *x, const float *residual, const float *weight, float *sum, float *normed, int64_t rows,
+              int64_t dim, float eps, int threads) {
+    #pragma omp parallel for num_threads(rows * dim >= PARALLEL_MIN ? threads : 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *y = x + r * dim;
+        if (residual) {
+            for (int64_t i = 0; i < dim; i++) sum[r * dim + i] = x[r * dim + i] + residual[r * dim + i];
+            y = sum + r * dim;
+        }
+        const float scale = 1.f / sqrtf(sum_squares(y, dim) / dim + eps);
+        for (int64_t i = 0; i < dim; i++) normed[r * dim + i] = y[i] * scale * weight[i];
+    }
+}
+
+/* One head: RMSNorm by weight (QK-norm, when weight is given), then the rotation of pairs (i, i + HEAD_DIM/2) by
+   the angles in cos/sin [HEAD_DIM/2]. */
+static inline void norm_rotate(const float *x, const float *weight, float eps, const float *cos, const float *sin,
+                               float *out) {
+    float y[HEAD_DIM];
+    const float scale = weight ? 1.f / sqrtf(sum_squares(x, HEAD_DIM) / HEAD_DIM + eps) : 1.f;
+    for (int i = 0; i < HEAD_DIM; i++) y[i] = weight ? x[i] * scale * weight[i] : x[i];
+    for (int i = 0; i < HEAD_DIM / 2; i++) {
+        out[i] = y[i] * cos[i] - y[i + HEAD_DIM / 2] * sin[i];
+        out[i + HEAD_DIM / 2] = y[i + HEAD_DIM / 2] * cos[i] + y[i] * sin[i];
+    }
+}
+
+/* For tokens t < n of qkv [n, ld] (HEADS query heads, then KV_HEADS key heads, then KV_HEADS value heads):
+   QK-norm where q_norm/k_norm are given, RoPE by cos/sin [n, HEAD_DIM/2]; the query to q_out [n, HEADS, HEAD_DIM],
+   the key and value to slot slots[t] of one layer's k_pages and v_pages. */
+void rope_store(const float *qkv, int64_t ld, int64_t n, const float *cos, const float *sin, const float *q_norm,
+                const float *k_norm, float eps, float *q_out, float *k_pages, float *v_pages, const int64_t *slots,
+                int threads) {
+    #pragma omp parallel for num_threads(n * ld >= PARALLEL_MIN ? threads : 1)
+    for (int64_t t = 0; t < n; t++) {
+        const float *q = qkv + t * ld, *k = q + HEADS * HEAD_DIM, *v = k + TOKEN;
+        const float *c = cos + t * (HEAD_DIM / 2), *s = sin + t * (HEAD_DIM / 2);
+        float *k_slot = k_pages + slots[t] * TOKEN, *v_slot = v_pages + slots[t] * TOKEN;
+        for (int h = 0; h < HEADS; h++) norm_rotate(q + h * HEAD_DIM, q_norm, eps, c, s, q_out + (t * HEADS + h) * HEAD_DIM);
+        for (int h = 0; h < KV_HEADS; h++) norm_rotate(k + h * HEAD_DIM, k_norm, eps, c, s, k_slot + h * HEAD_DIM);
+        for (int i = 0; i < TOKEN; i++) v_slot[i] = v[i];
+    }
+}
+
+/* out[r] = silu(gate) * up for rows r of gate_up [rows, 2 inter] = [gate | up], where silu(g) = g / (1 + e^-g),
+   computed as g / (1 + e^-g) for g >= 0 and g e^g / (1 + e^g) for g < 0, so that exp8 only sees -|g|. */
+void silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out, int threads) {
+    #pragma omp parallel for num_threads(rows * inter >= PARALLEL_MIN ? threads : 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gate_up + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            const f8 x = *(const f8 *)(g + i);
+            const i8 negative = x < 0;
+            const f8 e = exp8((f8)((i8)x | INT32_MIN));                        /* e^-|x|: set the sign bit */
+            const f8 top = (f8)(((i8)x & ~negative) | ((i8)(x * e) & negative)); /* x, or x e^x where x < 0 */
+            *(f8 *)(o + i) = top / (1.f + e) * *(const f8 *)(u + i);
+        }
+        for (; i < inter; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+"""
+
+KERNELS_C = DECODE_ATTENTION_C + LAYER_OPS_C  # one library per model shape: attention and the layer's other ops
+
+# %% ../nbs/15_performance.ipynb #9ea322de
+def _c_function(library: ctypes.CDLL, name: str, *argtypes):
+    "A function of the library, with its argument types; it returns nothing."
+    fn = getattr(library, name)
+    fn.argtypes, fn.restype = list(argtypes), None
+    return fn
+
+
+class CLayerKernels(CDecodeAttention):
+    "CDecodeAttention, plus C for the rest of a decoder layer but its matmuls: norms, RoPE and the K/V write, SiLU."
+    name = "C kernels"
+
+    def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
+        super().__init__(library, head_dim, num_heads, num_kv_heads)
+        lib, ptr, i64, f32 = ctypes.CDLL(str(library)), ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        self._rms_norm = _c_function(lib, "rms_norm", ptr, ptr, ptr, ptr, ptr, i64, i64, f32, ctypes.c_int)
+        self._rope_store = _c_function(lib, "rope_store", ptr, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr,
+                                       ctypes.c_int)
+        self._silu_mul = _c_function(lib, "silu_mul", ptr, i64, i64, ptr, ctypes.c_int)
+
+    def rms_norm(self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None):
+        "(norm(x + residual), x + residual), or (norm(x), x) without a residual. x: [..., dim] float32, contiguous."
+        normed, dim = torch.empty_like(x), x.shape[-1]
+        total = x if residual is None else torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), norm.weight.data_ptr(),
+                       total.data_ptr(), normed.data_ptr(), x.numel() // dim, dim, norm.eps, torch.get_num_threads())
+        return normed, total
+
+    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: nn.Module, kv) -> torch.Tensor:
+        "qkv: [1, N, q + 2 kv] -> q: [1, N, Hq, D] after QK-norm and RoPE; k and v go to their slots in kv's pool."
+        n, (num_heads, _, head_dim) = qkv.shape[1], self.shape
+        q = qkv.new_empty(1, n, num_heads, head_dim)
+        q_norm, k_norm = (attn.q_norm, attn.k_norm) if attn.qk_norm else (None, None)
+        layer = attn.layer_idx
+        self._rope_store(qkv.data_ptr(), qkv.shape[-1], n, cos.data_ptr(), sin.data_ptr(),
+                         q_norm.weight.data_ptr() if q_norm else None, k_norm.weight.data_ptr() if k_norm else None,
+                         q_norm.eps if q_norm else 0.0, q.data_ptr(), kv.pool.k[layer].data_ptr(),
+                         kv.pool.v[layer].data_ptr(), kv.batch.slot_mapping.data_ptr(), torch.get_num_threads())
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        "gate_up: [..., 2 I] = [gate | up] -> silu(gate) * up: [..., I]."
+        inter = gate_up.shape[-1] // 2
+        out = gate_up.new_empty(*gate_up.shape[:-1], inter)
+        self._silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def can_run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, kv) -> bool:
+        "Fused projections, one packed row of float32 contiguous activations and angles, int64 slots, float32 pages."
+        return (x.shape[0] == 1 and hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj")
+                and x.dtype == cos.dtype == torch.float32 and x.is_contiguous() and cos.is_contiguous()
+                and kv.batch.slot_mapping.dtype == torch.int64 and kv.pool.k.dtype == torch.float32)
+
+    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
+        "Chapter 03's DecoderLayer.forward with the C functions; None where it cannot run (the caller uses PyTorch)."
+        if not self.can_run(layer, x, cos, kv): return None
+        attn, mlp = layer.self_attn, layer.mlp
+        h, _ = self.rms_norm(x, layer.input_layernorm)                          # [1, N, hidden]
+        q = self.rope_store(attn.qkv_proj(h), cos, sin, attn, kv)               # [1, N, Hq, D]; k, v in the pages
+        k_pages, v_pages = kv.pool.k[attn.layer_idx], kv.pool.v[attn.layer_idx]
+        out = kv.backend(q, k_pages, v_pages, kv.batch)                          # [1, N, Hq, D]
+        h, x = self.rms_norm(x, layer.post_attention_layernorm, attn.o_proj(out.flatten(2)))
+        return x + mlp.down_proj(self.silu_mul(mlp.gate_up_proj(h)))           # [1, N, hidden]
+
 # %% ../nbs/15_performance.ipynb #8ed8c56b
-def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CDecodeAttention:
-    "The C backend for this model, or KernelUnavailable saying why not."
+def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CLayerKernels:
+    "The C kernels for this model, or KernelUnavailable saying why not."
     if torch.device(device).type != "cpu": raise KernelUnavailable(f"the C kernel runs on the CPU, not {device}")
     if kv_dtype != torch.float32: raise KernelUnavailable(f"the C kernel reads float32 K/V pages, not {kv_dtype}")
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
-    library = build_decode_kernel(*shape)
+    library = build_kernels(*shape, source=KERNELS_C)
     try:
-        return CDecodeAttention(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+        return CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
     except OSError:  # a broken file in the cache: build it again, once
-        library = build_decode_kernel(*shape, rebuild=True)
+        library = build_kernels(*shape, source=KERNELS_C, rebuild=True)
     try:
-        return CDecodeAttention(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+        return CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
     except OSError as e:  # it still does not load (a missing OpenMP runtime, say)
         raise KernelUnavailable(f"could not load {library}: {e}")
 
 
 def choose_attention_backend(cfg, kv_dtype: torch.dtype, device: torch.device, attention: str = "auto"):
-    """The engine's attention backend. attention: 'auto' (the C kernel on a CPU where it builds, else PyTorch),
-    'c' (the C kernel, or an error saying why not) or 'torch' (PyTorch ops only)."""
+    """The engine's attention backend. attention: 'auto' (the C kernels on a CPU where they build, else PyTorch),
+    'c' (the C kernels, or an error saying why not) or 'torch' (PyTorch ops only)."""
     device = torch.device(device)
     if attention == "torch" or (attention == "auto" and device.type != "cpu"): return pick_attention_backend(device)
     try:
@@ -460,6 +608,7 @@ def profile_ticks(engine, ticks: int = 5) -> TickProfile:
     originals = runner.run, runner.backend, engine._sample_and_emit, scheduler.schedule
     runner.run = watch.wrap("forward", originals[0])
     runner.backend = watch.wrap("attention", originals[1])
+    runner.backend.run_layer = getattr(originals[1], "run_layer", None)  # C layers still run, their attention timed
     engine._sample_and_emit = watch.wrap("sampling and streaming", originals[2])
     scheduler.schedule = watch.wrap("scheduling", originals[3])
     hooks = watch.hook_modules("matmul", _matmul_modules(runner.model))

@@ -5,7 +5,8 @@ each in an engine driven by hand, and profiles decode ticks with `helios.perf.pr
 15). The two A/B modes time blocks of ticks of two engines in turn, so that the machine's drift hits
 both alike, and check that both engines produced the same tokens: `--compare-weights` loads the model
 with exact float32 weights and with the CPU default (float16-stored weights); `--compare-attention`
-runs the default model with PyTorch's decode attention (`batched_attention`) and with the C kernel.
+runs the default model with PyTorch's decode attention (`batched_attention`), with the C decode kernel alone
+(`CDecodeAttention`), and with the C kernels for attention and the rest of the layer (`CLayerKernels`, the default).
 Usage:
 
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
@@ -20,7 +21,7 @@ import torch
 
 from helios.bench import real_text
 from helios.paged import batched_attention
-from helios.perf import decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
+from helios.perf import CDecodeAttention, decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
 from helios.tokenizer import load_tokenizer
 from helios.weights import LoadedModel, load_model
 
@@ -53,9 +54,12 @@ def compare_weights(args):
 
 def compare_attention(args):
     loaded = load_model()
-    kernel = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
+    kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
+    num_heads, num_kv_heads, head_dim = kernels.shape
+    attention_only = CDecodeAttention(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
     compare({"batched_attention": decoding(loaded, args, batched_attention),
-             "C decode kernel": decoding(loaded, args, kernel)}, args, same_model=True)
+             "C decode kernel": decoding(loaded, args, attention_only),
+             "C kernels (whole layer)": decoding(loaded, args, kernels)}, args, same_model=True)
 
 
 def compare(engines: dict, args, same_model: bool = False):

@@ -10,14 +10,14 @@ from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.config import ModelConfig
 from helios.paged import batched_attention, build_paged_batch, pages_needed, reference_attention
-from helios.perf import (CDecodeAttention, KernelUnavailable, backend_name, build_decode_kernel, c_compiler,
+from helios.perf import (KERNELS_C, CDecodeAttention, KernelUnavailable, backend_name, build_kernels, c_compiler,
                          choose_attention_backend, decode_kernel_backend)
 
 CPU = torch.device("cpu")
 
 
 def kernel_builds() -> bool:
-    try: return build_decode_kernel(64, 3, 3).exists()
+    try: return build_kernels(64, 3, 3).exists()
     except KernelUnavailable: return False
 
 
@@ -90,10 +90,10 @@ def test_kernel_refuses_a_shape_it_was_not_built_for():
 
 @needs_compiler
 def test_built_kernel_is_reused_from_the_cache(tmp_path):
-    path = build_decode_kernel(64, 3, 3, cache_dir=tmp_path)
+    path = build_kernels(64, 3, 3, cache_dir=tmp_path)
     built = path.stat().st_mtime_ns
-    assert build_decode_kernel(64, 3, 3, cache_dir=tmp_path) == path and path.stat().st_mtime_ns == built
-    assert build_decode_kernel(64, 2, 3, cache_dir=tmp_path) != path  # another shape, another library
+    assert build_kernels(64, 3, 3, cache_dir=tmp_path) == path and path.stat().st_mtime_ns == built
+    assert build_kernels(64, 2, 3, cache_dir=tmp_path) != path  # another shape, another library
     assert not list(tmp_path.glob("*.partial"))
 
 
@@ -148,8 +148,8 @@ def test_engine_tokens_are_the_same_with_either_backend(tiny_folder):
 def test_the_kernel_is_the_cpu_default_and_named_at_start_up(tiny_folder, monkeypatch, capsys):
     monkeypatch.delenv("HELIOS_ATTENTION", raising=False)
     with LLM(tiny_folder, dtype="float32", device="cpu", kv_cache_bytes=TEST_KV_BYTES) as llm:
-        assert backend_name(llm.engine.runner.backend) == "C decode kernel"
-    assert "attention: C decode kernel" in capsys.readouterr().err
+        assert backend_name(llm.engine.runner.backend) == "C kernels"
+    assert "attention: C kernels" in capsys.readouterr().err
     monkeypatch.setenv("HELIOS_ATTENTION", "torch")
     with LLM(tiny_folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as llm:
         assert llm.engine.runner.backend is batched_attention
@@ -170,7 +170,7 @@ def test_an_unwritable_cache_falls_back(tmp_path, monkeypatch):
 def test_cc_may_carry_arguments(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "cc -Wall")  # as in CC="ccache gcc"
     assert c_compiler()[1:] == ["-Wall"]
-    assert build_decode_kernel(16, 2, 2, cache_dir=tmp_path).exists()
+    assert build_kernels(16, 2, 2, cache_dir=tmp_path).exists()
     monkeypatch.setenv("CC", "")  # empty: the default
     assert c_compiler() is not None
 
@@ -179,7 +179,7 @@ def test_cc_may_carry_arguments(tmp_path, monkeypatch):
 def test_a_broken_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
     monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
     cfg = attention_config(4, 2, 16)
-    path = build_decode_kernel(16, 2, 2)
+    path = build_kernels(16, 2, 2, source=KERNELS_C)  # what the backend loads: attention and layer kernels
     path.write_bytes(b"not a shared library")
     backend = decode_kernel_backend(cfg, torch.float32, CPU)
     assert backend.library == path and path.read_bytes()[:4] == b"\x7fELF"

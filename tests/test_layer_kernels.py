@@ -1,0 +1,174 @@
+"""The C kernels for the rest of a decoder layer (chapter 15's `CLayerKernels`): each function equals the PyTorch
+operators it replaces, a packed forward through them equals the PyTorch forward (logits and the K/V it writes), and
+engines give the same greedy tokens on either path."""
+import random
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TEST_KV_BYTES, save_tiny
+from helios import LLM, SamplingParams
+from helios.config import ModelConfig
+from helios.model.attention import Attention, apply_rope, rope_cos_sin, rope_inv_freq
+from helios.model.layers import RMSNorm
+from helios.model.qwen3 import DecoderLayer
+from helios.paged import KVPool, PagedKV, batched_attention, build_paged_batch
+from helios.perf import CLayerKernels, KernelUnavailable, decode_kernel_backend
+from helios.weights import load_model
+
+CPU = torch.device("cpu")
+CLOSE = dict(atol=2e-5, rtol=2e-5)
+
+
+def kernels_for(cfg: ModelConfig) -> CLayerKernels:
+    return decode_kernel_backend(cfg, torch.float32, CPU)
+
+
+def kernels_build() -> bool:
+    try: return isinstance(kernels_for(layer_config(False, 64, 128)), CLayerKernels)
+    except KernelUnavailable: return False
+
+
+def layer_config(qk_norm: bool, hidden: int, inter: int, num_heads: int = 4, num_kv_heads: int = 2,
+                 head_dim: int = 16) -> ModelConfig:
+    return ModelConfig(architecture="qwen3" if qk_norm else "llama", vocab_size=8, hidden_size=hidden, num_layers=2,
+                       num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_size=inter,
+                       qk_norm=qk_norm)
+
+
+needs_compiler = pytest.mark.skipif(not kernels_build(), reason="no C compiler that builds the kernels (CI installs gcc)")
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows, dim, num_threads", [(1, 576, 1), (16, 576, 2), (3, 20, 2), (200, 576, 2), (130, 1000, 3)])
+def test_rms_norm_with_and_without_the_residual(rows, dim, num_threads, threads):
+    "Widths that are not multiples of 8 take the scalar tail; 200 x 576 floats take the threaded path."
+    torch.set_num_threads(num_threads)
+    gen = torch.Generator().manual_seed(rows)
+    ops = kernels_for(layer_config(False, 64, 128))
+    norm = RMSNorm(dim, eps=1e-5)
+    with torch.no_grad(): norm.weight.normal_(generator=gen)
+    x, residual = torch.randn(1, rows, dim, generator=gen) * 3, torch.randn(1, rows, dim, generator=gen)
+    normed, same = ops.rms_norm(x, norm)
+    assert same is x
+    torch.testing.assert_close(normed, norm(x), **CLOSE)
+    normed, total = ops.rms_norm(x, norm, residual)
+    torch.testing.assert_close(total, x + residual, **CLOSE)
+    torch.testing.assert_close(normed, norm(x + residual), **CLOSE)
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows, inter", [(1, 1536), (16, 1536), (5, 13), (64, 1536)])
+def test_silu_mul_over_the_whole_float_range(rows, inter, threads):
+    "Values from -100 to 100 (exp8 sees only -|g|), widths with a tail, and a threaded size."
+    torch.set_num_threads(2)
+    ops = kernels_for(layer_config(False, 64, 128))
+    values = torch.linspace(-100, 100, rows * 2 * inter)
+    gate_up = values[torch.randperm(values.numel(), generator=torch.Generator().manual_seed(inter))].view(rows, 2 * inter)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, **CLOSE)
+
+
+@needs_compiler
+@pytest.mark.parametrize("qk_norm, num_heads, num_kv_heads, head_dim, tokens",
+                         [(True, 4, 2, 32, 7), (False, 9, 3, 64, 16), (True, 16, 8, 128, 300), (False, 6, 2, 40, 1)])
+def test_rope_store_rotates_q_and_writes_k_and_v_to_their_slots(qk_norm, num_heads, num_kv_heads, head_dim, tokens,
+                                                                 threads):
+    torch.set_num_threads(2)
+    cfg = layer_config(qk_norm, num_heads * head_dim, 64, num_heads, num_kv_heads, head_dim)
+    ops, gen = kernels_for(cfg), torch.Generator().manual_seed(tokens)
+    attn = Attention(cfg, layer_idx=1).fuse()
+    if qk_norm:
+        with torch.no_grad(): attn.q_norm.weight.normal_(generator=gen); attn.k_norm.weight.normal_(generator=gen)
+    pool = KVPool(cfg, num_pages=24, page_size=16, dtype=torch.float32, device="cpu")
+    tables = torch.randperm(24, generator=gen)[:20].view(1, 20)
+    batch = build_paged_batch(tables, [13], [tokens], 16)  # positions 13 .. 13 + tokens - 1, scattered pages
+    cos, sin = rope_cos_sin(batch.positions[None], rope_inv_freq(head_dim, 1e6))
+    qkv = torch.randn(1, tokens, cfg.q_size + 2 * cfg.kv_size, generator=gen)
+    q = ops.rope_store(qkv, cos, sin, attn, PagedKV(pool, batch, ops))
+    q_ref, k_ref, v_ref = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q_ref, k_ref = q_ref.view(1, tokens, num_heads, head_dim), k_ref.view(1, tokens, num_kv_heads, head_dim)
+    if qk_norm: q_ref, k_ref = attn.q_norm(q_ref), attn.k_norm(k_ref)
+    torch.testing.assert_close(q, apply_rope(q_ref, cos, sin), **CLOSE)
+    expected = KVPool(cfg, num_pages=24, page_size=16, dtype=torch.float32, device="cpu")
+    expected.write(1, batch.slot_mapping, apply_rope(k_ref, cos, sin)[0], v_ref[0].view(tokens, num_kv_heads, head_dim))
+    torch.testing.assert_close(pool.k, expected.k, **CLOSE)  # every other slot and layer untouched (still zero)
+    torch.testing.assert_close(pool.v, expected.v, **CLOSE)
+
+
+def packed_forward(model, backend, pool: KVPool, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+    "One packed forward of chunks, sequence i's tokens from position starts[i], eight pages each -> logits [N, vocab]."
+    tables = torch.arange(len(chunks) * 8).view(len(chunks), 8)
+    batch = build_paged_batch(tables, starts, [len(c) for c in chunks], pool.page_size)
+    ids = torch.tensor([t for c in chunks for t in c])
+    with torch.no_grad():
+        return model(ids[None], batch.positions[None], PagedKV(pool, batch, backend))[0]
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", ["qwen3_tied", "llama"])
+def test_a_packed_forward_through_the_c_layers_equals_pytorch(kind, tmp_path, monkeypatch, threads):
+    "Two ticks (prefill, then prefill chunks next to a decode row): logits and the K/V written, on either path."
+    torch.set_num_threads(2)
+    model = load_model(save_tiny(kind, tmp_path), dtype="float32", device="cpu").model
+    kernels = kernels_for(model.config)
+    ran = []
+    run_layer = kernels.run_layer
+    monkeypatch.setattr(kernels, "run_layer", lambda *args: ran.append(run_layer(*args)) or ran[-1])
+    rng = random.Random(0)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (40, 21, 70)]
+    starts = [20, 20, 30]
+    logits, pools = {}, {}
+    for name, backend in (("c", kernels), ("torch", batched_attention)):
+        pools[name] = KVPool(model.config, num_pages=24, page_size=16, dtype=torch.float32, device="cpu")
+        first = packed_forward(model, backend, pools[name], [p[:s] for p, s in zip(prompts, starts)], [0, 0, 0])
+        second = packed_forward(model, backend, pools[name], [p[s:] for p, s in zip(prompts, starts)], starts)
+        logits[name] = torch.cat([first, second])  # chunks of 20 and 40 tokens, and one decode row
+    assert len(ran) == 2 * model.config.num_layers and all(r is not None for r in ran)  # the C path ran every layer
+    torch.testing.assert_close(logits["c"], logits["torch"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pools["c"].k, pools["torch"].k, **CLOSE)
+    torch.testing.assert_close(pools["c"].v, pools["torch"].v, **CLOSE)
+
+
+@needs_compiler
+def test_unfused_layers_and_other_dtypes_take_the_pytorch_path():
+    cfg = layer_config(True, 64, 128)
+    kernels = kernels_for(cfg)
+    layer = DecoderLayer(cfg, 0)  # q/k/v and gate/up not fused
+    pool = KVPool(cfg, num_pages=4, page_size=16, dtype=torch.float32, device="cpu")
+    batch = build_paged_batch(torch.arange(4).view(1, 4), [0], [3], 16)
+    cos, sin = rope_cos_sin(batch.positions[None], rope_inv_freq(cfg.head_dim, 1e6))
+    kv = PagedKV(pool, batch, kernels)
+    x = torch.randn(1, 3, 64)
+    assert kernels.run_layer(layer, x, cos, sin, kv) is None
+    layer.self_attn.fuse(); layer.mlp.fuse()
+    assert kernels.run_layer(layer, x.bfloat16(), cos, sin, kv) is None
+    assert kernels.run_layer(layer, x, cos, sin, kv) is not None
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", ["qwen3_tied", "llama"])
+def test_engines_give_the_same_greedy_tokens_on_either_path(kind, tiny_folder, tmp_path):
+    "A mixed batch: prefill chunks next to decode rows, several pages, a shared prefix, on both paths."
+    folder = save_tiny(kind, tmp_path, vocab_size=49152)
+    for name in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(tiny_folder / name, folder / name)
+    rng = random.Random(1)
+    shared = [rng.randrange(512) for _ in range(40)]
+    prompts = [shared + [rng.randrange(512) for _ in range(n)] for n in (1, 5, 30, 90, 7, 60)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = {}
+    for attention in ("c", "torch"):
+        with LLM(folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES, max_batch_size=4,
+                 prefill_chunk_size=48, page_size=16, attention=attention) as llm:
+            assert isinstance(llm.engine.runner.backend, CLayerKernels) == (attention == "c")
+            outputs[attention] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outputs["c"] == outputs["torch"]
