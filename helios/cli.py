@@ -47,7 +47,7 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--prefix-cache-ttl-s", type=float)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
     p.add_argument("--attention", choices=ATTENTION_CHOICES,
-                   help="CPU decode attention: auto (the C kernel where a C compiler builds it), c, torch [HELIOS_ATTENTION]")
+                   help="CPU kernels (attention, layer ops, matmuls): auto (C where a C compiler builds them), c, torch [HELIOS_ATTENTION]")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser):

@@ -152,7 +152,7 @@ class EngineConfig:
     max_queue: int = 1024              # requests waiting for admission before new ones are refused
     prefix_cache_ttl_s: float = 300.0  # an unused cached prefix page lives this long
     enable_prefix_caching: bool = True
-    attention: str = "auto"            # CPU decode attention: auto (C kernel if it builds), c, or torch (chapter 15)
+    attention: str = "auto"            # CPU kernels: auto (C where it builds), c, or torch (chapter 15)
 
     def __post_init__(self):
         for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue"):

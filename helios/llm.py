@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine import Engine, EngineStats, RequestHandle, RequestOutput
-from .perf import backend_name
+from .perf import backend_name, matmul_name
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -62,7 +62,8 @@ class LLM:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
-                  f"attention: {backend_name(self.engine.runner.backend)}", file=sys.stderr)
+                  f"attention: {backend_name(self.engine.runner.backend)}; matmuls: {matmul_name(loaded.model)}",
+                  file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
         self._finalizer.atexit = False
@@ -70,7 +71,7 @@ class LLM:
 
     def _build(self, model, dtype, device) -> tuple[LoadedModel, Tokenizer, Engine]:
         "The model, its tokenizer and an engine whose KV pool fills the budget (run on a short-lived thread)."
-        loaded = load_model(model, dtype=dtype, device=device)
+        loaded = load_model(model, dtype=dtype, device=device, kernels=self.engine_config.attention)
         tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         eos = tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
         return loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos, self.engine_config)

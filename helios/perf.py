@@ -1,4 +1,4 @@
-"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, then a decode kernel in C that copies nothing, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
+"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, then a decode kernel in C that copies nothing, the rest of each layer in the same C, then float16-weight matmuls in C too, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
 
 Docs: https://helios-engine.github.io/helios/performance.html.md"""
 
@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'weight_packing_available', 'PackedLinear', 'pack_linears',
-           'half_weights_available', 'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler',
-           'build_kernels', 'CDecodeAttention', 'CLayerKernels', 'decode_kernel_backend', 'choose_attention_backend',
-           'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
-           'target_report']
+__all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'weight_packing_available', 'PackedLinear',
+           'pack_linears', 'half_weights_available', 'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir',
+           'c_compiler', 'build_kernels', 'build_library', 'CDecodeAttention', 'CLayerKernels', 'weight_panels',
+           'matmul_kernel', 'CHalfLinear', 'choose_matmul', 'matmul_name', 'decode_kernel_backend',
+           'choose_attention_backend', 'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention',
+           'decoding_engine', 'matmul_weights', 'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -48,11 +49,14 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def pack_linears(model: nn.Module, half_weights: bool = False) -> int:
+def pack_linears(model: nn.Module, half_weights: bool = False, matmul=None) -> int:
     """Replace every float32 CPU nn.Linear (and the LM head) by a pre-packed one; returns how many.
-    half_weights: store them in float16 for fbgemm (`HalfWeightLinear`, below), else float32 for oneDNN."""
-    make = HalfWeightLinear if half_weights else PackedLinear
-    if not (half_weights_available() if half_weights else weight_packing_available()): return 0
+    half_weights: store them in float16 for fbgemm (`HalfWeightLinear`, below), or for the C kernel `matmul`
+    (`CHalfLinear`, in "Matmuls in C") when it is given; else float32 for oneDNN."""
+    if matmul is not None: make = lambda weight, bias=None: CHalfLinear(weight, bias, matmul)
+    elif half_weights: make = HalfWeightLinear if half_weights_available() else None
+    else: make = PackedLinear if weight_packing_available() else None
+    if make is None: return 0
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -264,9 +268,9 @@ def kernel_cache_dir() -> Path:
 
 
 def _compile_flags() -> list[str]:
-    "Optimise; use AVX2 and FMA where PyTorch found them (it picks its own kernels the same way)."
+    "Optimise; use AVX2, FMA and F16C where PyTorch found AVX2 (it picks its own kernels the same way)."
     flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi"]
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"): flags += ["-mavx2", "-mfma"]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"): flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
 
 
@@ -279,8 +283,14 @@ def c_compiler() -> list[str] | None:
 
 def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None, rebuild: bool = False,
                   source: str = DECODE_ATTENTION_C) -> Path:
-    "C source compiled for one model shape, as a shared library: built once, then taken from the cache."
+    "C source compiled for one model shape (its head size, group size and KV heads as constants)."
     if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
+    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
+    return build_library(source, defines, cache_dir, rebuild)
+
+
+def build_library(source: str, defines: list[str] = [], cache_dir: Path | None = None, rebuild: bool = False) -> Path:
+    "C source compiled as a shared library: built once, then taken from the cache."
     compiler = c_compiler()
     if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
     try:
@@ -288,7 +298,6 @@ def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | No
         folder.mkdir(parents=True, exist_ok=True)
     except (OSError, RuntimeError) as e:  # RuntimeError: no home folder to put the cache in
         raise KernelUnavailable(f"no folder for built kernels ({e}); set HELIOS_CACHE_DIR to a writable folder")
-    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
     errors = []
     for openmp in (["-fopenmp"], []):
         built = _build(source, [*compiler, *_compile_flags(), *openmp, *defines], folder, rebuild)
@@ -521,6 +530,142 @@ class CLayerKernels(CDecodeAttention):
         out = kv.backend(q, k_pages, v_pages, kv.batch)                          # [1, N, Hq, D]
         h, x = self.rms_norm(x, layer.post_attention_layernorm, attn.o_proj(out.flatten(2)))
         return x + mlp.down_proj(self.silu_mul(mlp.gate_up_proj(h)))           # [1, N, hidden]
+
+# %% ../nbs/15_performance.ipynb #d65f3b7e
+MATMUL_F16_C = r"""
+#include <stdint.h>
+#include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#define PANEL 16      /* outputs per panel: two 8-float vectors */
+#define ROW_BLOCK 192 /* activation rows per pass over the weights */
+
+typedef float f8 __attribute__((vector_size(32), aligned(4)));
+
+/* 8 float16 weights as float32 */
+static inline f8 load_half8(const uint16_t *p) {
+#ifdef __F16C__
+    return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    typedef _Float16 h8 __attribute__((vector_size(16), aligned(2)));
+    h8 h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, f8);
+#endif
+}
+
+/* y[i, 0:n] = sum over k of x[i, k] panel[k, 0:n] for rows i < R, n <= PANEL outputs of one panel; the
+   same step of the next panel is prefetched. */
+#define TILE(R)                                                                                          \
+static void tile_##R(const float *x, int64_t K, const uint16_t *panel, float *y, int64_t ldy, int n) {  \
+    f8 acc[R][2];                                                                                        \
+    for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = (f8){0};                                         \
+    for (int64_t k = 0; k < K; k++) {                                                                    \
+        __builtin_prefetch(panel + (K + k) * PANEL);                                                     \
+        const f8 w0 = load_half8(panel + k * PANEL), w1 = load_half8(panel + k * PANEL + 8);             \
+        for (int i = 0; i < R; i++) {                                                                    \
+            const float a = x[i * K + k];                                                                \
+            acc[i][0] += a * w0;                                                                         \
+            acc[i][1] += a * w1;                                                                         \
+        }                                                                                                \
+    }                                                                                                    \
+    for (int i = 0; i < R; i++)                                                                          \
+        if (n == PANEL) memcpy(y + i * ldy, acc[i], sizeof acc[i]);                                      \
+        else for (int j = 0; j < n; j++) y[i * ldy + j] = acc[i][j / 8][j % 8];                          \
+}
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+
+/* Rows [0, rows) of x against one panel, six at a time. */
+static void panel_rows(const float *x, int64_t rows, int64_t K, const uint16_t *panel, float *y, int64_t ldy, int n) {
+    int64_t i = 0;
+    for (; i + 6 <= rows; i += 6) tile_6(x + i * K, K, panel, y + i * ldy, ldy, n);
+    const float *xi = x + i * K;
+    float *yi = y + i * ldy;
+    switch (rows - i) {
+        case 5: tile_5(xi, K, panel, yi, ldy, n); break;
+        case 4: tile_4(xi, K, panel, yi, ldy, n); break;
+        case 3: tile_3(xi, K, panel, yi, ldy, n); break;
+        case 2: tile_2(xi, K, panel, yi, ldy, n); break;
+        case 1: tile_1(xi, K, panel, yi, ldy, n); break;
+    }
+}
+
+/* y [M, N] = x [M, K] times the transpose of the weight [N, K], stored as panels [ceil(N / PANEL), K, PANEL] of
+   float16 (rows past N are zero). */
+void matmul_f16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads) {
+    const int64_t count = (N + PANEL - 1) / PANEL;
+    for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+        const int64_t rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t p = 0; p < count; p++) {
+            const int n = N - p * PANEL < PANEL ? (int)(N - p * PANEL) : PANEL;
+            panel_rows(x + m0 * K, rows, K, panels + p * K * PANEL, y + m0 * N + p * PANEL, N, n);
+        }
+    }
+}
+"""
+
+# %% ../nbs/15_performance.ipynb #9267cfca
+def weight_panels(weight: torch.Tensor) -> torch.Tensor:
+    "[N, K] weight -> [ceil(N / 16), K, 16] float16 panels of 16 outputs (the last padded with zeros)."
+    n, k = weight.shape
+    padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.float16)
+    padded[:n] = weight.detach().to(torch.float16)
+    return padded.view(-1, 16, k).transpose(1, 2).contiguous()
+
+
+def matmul_kernel(cache_dir: Path | None = None):
+    "The C float16-weight matmul, as a ctypes function, or KernelUnavailable saying why not."
+    library = build_library(MATMUL_F16_C, cache_dir=cache_dir)
+    try:
+        lib = ctypes.CDLL(str(library))
+    except OSError:  # a broken file in the cache: build it again, once
+        library = build_library(MATMUL_F16_C, cache_dir=cache_dir, rebuild=True)
+        try: lib = ctypes.CDLL(str(library))
+        except OSError as e: raise KernelUnavailable(f"could not load {library}: {e}")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    return _c_function(lib, "matmul_f16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+
+
+class CHalfLinear(nn.Module):
+    "A Linear whose weight is stored as float16 panels and multiplied in float32 by the C kernel (CPU only)."
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, matmul):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("packed", weight_panels(weight))  # [ceil(out / 16), in, 16] float16
+        self.bias, self._matmul = bias, matmul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out] float32
+        flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        out = flat.new_empty(flat.shape[0], self.out_features)
+        self._matmul(flat.data_ptr(), flat.shape[0], self.in_features, self.packed.data_ptr(), self.out_features,
+                     out.data_ptr(), torch.get_num_threads())
+        if self.bias is not None: out += self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def choose_matmul(kernels: str = "auto"):
+    """The C matmul for float16 weights, or None for fbgemm's. kernels: 'auto' (C where it builds), 'c' (C, or an
+    error saying why not) or 'torch' (fbgemm)."""
+    from helios.config import ATTENTION_CHOICES
+    if kernels not in ATTENTION_CHOICES:
+        raise ValueError(f"kernels must be one of {', '.join(ATTENTION_CHOICES)}, got {kernels!r}")
+    if kernels == "torch": return None
+    try:
+        return matmul_kernel()
+    except KernelUnavailable as e:
+        if kernels == "c": raise
+        warnings.warn(f"matmuls fall back to fbgemm: {e}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def matmul_name(model: nn.Module) -> str:
+    "How the start-up line names the model's matmuls."
+    kinds = {CHalfLinear: "C, float16 weights", HalfWeightLinear: "fbgemm, float16 weights",
+             PackedLinear: "oneDNN, float32 weights"}
+    return next((name for cls, name in kinds.items() if any(isinstance(m, cls) for m in model.modules())), "PyTorch")
 
 # %% ../nbs/15_performance.ipynb #8ed8c56b
 def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CLayerKernels:

@@ -19,9 +19,9 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from .config import ModelConfig, load_hf_config
+from .config import ATTENTION_CHOICES, ModelConfig, load_hf_config
 from .model.qwen3 import CausalLM, model_from_state_dict
-from .perf import pack_linears
+from .perf import choose_matmul, pack_linears
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'HUB_PATTERNS',
@@ -280,12 +280,16 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto", optimize: bool = True) -> LoadedModel:
-    "Find, read and build a model (None: the embedded default)."
+               device: str | torch.device = "auto", optimize: bool = True, kernels: str = "auto") -> LoadedModel:
+    "Find, read and build a model (None: the embedded default); kernels: 'auto', 'c' or 'torch' (chapter 15)."
     start = time.perf_counter()
     device = resolve_device(device)
     half_weights = dtype == "auto"  # on CPU, for float32 weights only (chapter 15)
     dtype = resolve_dtype(dtype, device)
+    if kernels not in ATTENTION_CHOICES:
+        raise ValueError(f"kernels must be one of {', '.join(ATTENTION_CHOICES)}, got {kernels!r}")
+    half_weights = half_weights and optimize and device.type == "cpu"
+    matmul = choose_matmul(kernels) if half_weights else None  # the C kernel, or None for fbgemm's
     path = find_checkpoint(model)
     reader = None
     if path.suffix == ".gguf":
@@ -300,6 +304,6 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     if optimize:  # chapter 15: fewer and faster matmuls, the same numbers up to float32 rounding
         net.fuse_projections()                        # 4 matmuls per layer instead of 7
         if device.type == "cpu":
-            if half_weights and pack_linears(net, half_weights=True): weight_dtype = torch.float16  # fbgemm
+            if half_weights and pack_linears(net, half_weights=True, matmul=matmul): weight_dtype = torch.float16
             else: pack_linears(net)                   # float32 weights pre-packed for oneDNN
     return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start)

@@ -12,6 +12,14 @@ Usage:
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
     python scripts/profile_tick.py --compare-weights [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
     python scripts/profile_tick.py --compare-attention [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
+    python scripts/profile_tick.py --compare-attention --prefill [--threads 2] [--batch 16] [--rounds 4]
+    python scripts/profile_tick.py --compare-matmul [--prefill] [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
+
+`--compare-matmul` loads the default model twice, with fbgemm's float16-weight matmul (`kernels="torch"`) and with
+the C one (`CHalfLinear`, the default), both running the C layer kernels.
+
+With --prefill, each block is the prefill of args.batch fresh prompts (default chunk of 512 tokens per tick), so the
+blocks time prefill ticks instead of decode ticks.
 """
 import argparse
 import os
@@ -52,18 +60,64 @@ def compare_weights(args):
              "float16 weights (auto)": decoding(load_model(), args)}, args)
 
 
+def compare_matmul(args):
+    models = {"fbgemm matmuls": load_model(kernels="torch"), "C matmuls": load_model()}
+    backend = decode_kernel_backend(models["C matmuls"].config, torch.float32, torch.device("cpu"))
+    if args.prefill:
+        compare_prefill({name: prefilling(loaded, args, backend) for name, loaded in models.items()}, args)
+    else:
+        compare({name: decoding(loaded, args, backend) for name, loaded in models.items()}, args, check_tokens=True)
+
+
 def compare_attention(args):
     loaded = load_model()
     kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
     num_heads, num_kv_heads, head_dim = kernels.shape
     attention_only = CDecodeAttention(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
-    compare({"batched_attention": decoding(loaded, args, batched_attention),
-             "C decode kernel": decoding(loaded, args, attention_only),
-             "C kernels (whole layer)": decoding(loaded, args, kernels)}, args, same_model=True)
+    backends = {"batched_attention": batched_attention, "C decode kernel": attention_only,
+                "C kernels (whole layer)": kernels}
+    if args.prefill:
+        compare_prefill({name: prefilling(loaded, args, b) for name, b in backends.items()}, args)
+    else:
+        compare({name: decoding(loaded, args, b) for name, b in backends.items()}, args, check_tokens=True)
 
 
-def compare(engines: dict, args, same_model: bool = False):
-    "Alternate blocks of args.ticks ticks between the engines; print ms per tick (and, for one model, whether tokens agree)."
+def prefilling(loaded: LoadedModel, args, backend):
+    "A function that prefills args.batch fresh prompts of args.prompt_tokens tokens in a new engine, tick by tick."
+    from helios.config import EngineConfig
+    from helios.engine import Engine
+    from helios.paged import pages_needed
+    from helios.sampling import SamplingParams
+    tok = load_tokenizer(loaded.path, loaded.gguf_reader)
+    ids, n = tok.encode(real_text()), args.prompt_tokens
+    eos = frozenset(tok.eos_token_ids | set(loaded.config.eos_token_ids))
+    config = EngineConfig(max_batch_size=args.batch, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # a request ends with its prefill
+
+    def run() -> int:
+        engine = Engine(loaded.model, tok, eos, config, args.batch * pages_needed(n + 1, config.page_size), backend)
+        for i in range(args.batch): engine.submit(ids[i * n:(i + 1) * n], params)
+        ticks = 0
+        while engine.step(): ticks += 1  # step() is False once there is nothing left to do
+        return ticks
+    return run
+
+
+def compare_prefill(engines: dict, args):
+    "Alternate whole prefills between the engines; print seconds per prefill tick."
+    seconds = {name: [] for name in engines}
+    for _ in range(args.rounds):
+        for name, run in engines.items():
+            start = time.perf_counter()
+            ticks = run()
+            seconds[name].append((time.perf_counter() - start) / ticks)
+    print(f"{args.batch} prompts of {args.prompt_tokens} tokens, {ticks} ticks each, load average {os.getloadavg()[0]:.2f}; "
+          f"seconds per prefill tick, {args.rounds} prefills:")
+    for name, values in seconds.items(): print(f"  {name:24s} " + "  ".join(f"{v:6.3f}" for v in values))
+
+
+def compare(engines: dict, args, check_tokens: bool = False):
+    "Alternate blocks of args.ticks ticks between the engines; print ms per tick (and, with check_tokens, whether their greedy tokens agree)."
     ms = {name: [] for name in engines}
     for _ in range(args.rounds):
         for name, engine in engines.items():
@@ -72,7 +126,7 @@ def compare(engines: dict, args, same_model: bool = False):
             ms[name].append((time.perf_counter() - start) / args.ticks * 1e3)
     print(f"batch {args.batch}, load average {os.getloadavg()[0]:.2f}; ms per decode tick, {args.rounds} blocks of {args.ticks}:")
     for name, values in ms.items(): print(f"  {name:24s} " + "  ".join(f"{v:6.1f}" for v in values))
-    if same_model:
+    if check_tokens:
         tokens = [[list(s.output_ids) for s in e.scheduler.running] for e in engines.values()]
         print(f"same greedy tokens in every row: {all(t == tokens[0] for t in tokens)} "
               f"({sum(map(len, tokens[0]))} tokens each)")
@@ -87,14 +141,17 @@ def main():
     ap.add_argument("--only", choices=["before", "after"], default=None)
     ap.add_argument("--compare-weights", action="store_true")
     ap.add_argument("--compare-attention", action="store_true")
+    ap.add_argument("--compare-matmul", action="store_true")
+    ap.add_argument("--prefill", action="store_true", help="with --compare-attention or --compare-matmul: prefill ticks")
     ap.add_argument("--rounds", type=int, default=4, help="blocks of ticks per engine with --compare-weights")
     args = ap.parse_args()
-    comparing = args.compare_weights or args.compare_attention
+    comparing = args.compare_weights or args.compare_attention or args.compare_matmul
     args.ticks = args.ticks or (8 if comparing else 10)
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads}, load average at start {os.getloadavg()}")
     if args.compare_weights: compare_weights(args)
     elif args.compare_attention: compare_attention(args)
+    elif args.compare_matmul: compare_matmul(args)
     else: before_and_after(args)
 
 

@@ -80,11 +80,16 @@ HALF_WEIGHTS_TOL = 1e-2
 
 
 @torch.no_grad()
-def test_default_cpu_weights_stay_within_tolerance(tiny_checkpoint):
-    from helios.perf import half_weights_available
-    if not half_weights_available(): pytest.skip("this PyTorch build has no fbgemm float16-weight linear")
-    default = load_model(tiny_checkpoint, device="cpu")
+@pytest.mark.parametrize("kernels", ["auto", "torch"])  # the C matmul where it builds; fbgemm's
+def test_default_cpu_weights_stay_within_tolerance(tiny_checkpoint, kernels):
+    from helios.perf import CHalfLinear, HalfWeightLinear, KernelUnavailable, half_weights_available, matmul_kernel
+    if kernels == "auto":
+        try: matmul_kernel()
+        except KernelUnavailable: pytest.skip("no C compiler that builds the matmul kernel (CI installs gcc)")
+    elif not half_weights_available(): pytest.skip("this PyTorch build has no fbgemm float16-weight linear")
+    default = load_model(tiny_checkpoint, device="cpu", kernels=kernels)
     assert default.dtype == torch.float32 and default.weight_dtype == torch.float16
+    assert isinstance(default.model.lm_head, CHalfLinear if kernels == "auto" else HalfWeightLinear)
     exact = load_model(tiny_checkpoint, dtype="float32", device="cpu").model
     ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(40).expand(2, 40)
