@@ -289,8 +289,9 @@ def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | No
     return build_library(source, defines, cache_dir, rebuild)
 
 
-def build_library(source: str, defines: list[str] = [], cache_dir: Path | None = None, rebuild: bool = False) -> Path:
-    "C source compiled as a shared library: built once, then taken from the cache."
+def build_library(source: str, defines: list[str] = [], cache_dir: Path | None = None, rebuild: bool = False,
+                  require_openmp: bool = False) -> Path:
+    "C source compiled as a shared library: built once, then taken from the cache; without OpenMP if need be."
     compiler = c_compiler()
     if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
     try:
@@ -299,7 +300,7 @@ def build_library(source: str, defines: list[str] = [], cache_dir: Path | None =
     except (OSError, RuntimeError) as e:  # RuntimeError: no home folder to put the cache in
         raise KernelUnavailable(f"no folder for built kernels ({e}); set HELIOS_CACHE_DIR to a writable folder")
     errors = []
-    for openmp in (["-fopenmp"], []):
+    for openmp in (["-fopenmp"],) if require_openmp else (["-fopenmp"], []):
         built = _build(source, [*compiler, *_compile_flags(), *openmp, *defines], folder, rebuild)
         if isinstance(built, Path): return built
         errors.append(built)
@@ -617,12 +618,13 @@ def weight_panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def matmul_kernel(cache_dir: Path | None = None):
-    "The C float16-weight matmul, as a ctypes function, or KernelUnavailable saying why not."
-    library = build_library(MATMUL_F16_C, cache_dir=cache_dir)
+    """The C float16-weight matmul, as a ctypes function, or KernelUnavailable saying why not. Only with OpenMP:
+    on one thread it would be slower than PyTorch's matmuls, which use them all."""
+    library = build_library(MATMUL_F16_C, cache_dir=cache_dir, require_openmp=True)
     try:
         lib = ctypes.CDLL(str(library))
     except OSError:  # a broken file in the cache: build it again, once
-        library = build_library(MATMUL_F16_C, cache_dir=cache_dir, rebuild=True)
+        library = build_library(MATMUL_F16_C, cache_dir=cache_dir, rebuild=True, require_openmp=True)
         try: lib = ctypes.CDLL(str(library))
         except OSError as e: raise KernelUnavailable(f"could not load {library}: {e}")
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -647,17 +649,19 @@ class CHalfLinear(nn.Module):
 
 
 def choose_matmul(kernels: str = "auto"):
-    """The C matmul for float16 weights, or None for fbgemm's. kernels: 'auto' (C where it builds), 'c' (C, or an
-    error saying why not) or 'torch' (fbgemm)."""
+    """The C matmul for float16 weights, or None for PyTorch's (fbgemm's float16 weights where this PyTorch has
+    them, else oneDNN's float32). kernels: 'auto' (C where it builds with OpenMP), 'c' (C, or an error saying why
+    not) or 'torch' (PyTorch's)."""
     from helios.config import ATTENTION_CHOICES
     if kernels not in ATTENTION_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(ATTENTION_CHOICES)}, got {kernels!r}")
     if kernels == "torch": return None
+    if kernels == "auto" and not half_weights_available(): return None  # float16 weights measured on x86/AVX2 only
     try:
         return matmul_kernel()
     except KernelUnavailable as e:
         if kernels == "c": raise
-        warnings.warn(f"matmuls fall back to fbgemm: {e}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"matmuls fall back to PyTorch's (fbgemm, else oneDNN): {e}", RuntimeWarning, stacklevel=2)
         return None
 
 

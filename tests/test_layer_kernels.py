@@ -15,7 +15,7 @@ from helios.model.attention import Attention, apply_rope, rope_cos_sin, rope_inv
 from helios.model.layers import RMSNorm
 from helios.model.qwen3 import DecoderLayer
 from helios.paged import KVPool, PagedKV, batched_attention, build_paged_batch
-from helios.perf import CLayerKernels, KernelUnavailable, decode_kernel_backend
+from helios.perf import CLayerKernels, KernelUnavailable, decode_kernel_backend, half_weights_available, matmul_name
 from helios.weights import load_model
 
 CPU = torch.device("cpu")
@@ -116,14 +116,13 @@ def packed_forward(model, backend, pool: KVPool, chunks: list[list[int]], starts
 
 @needs_compiler
 @pytest.mark.parametrize("kind", ["qwen3_tied", "llama"])
-def test_a_packed_forward_through_the_c_layers_equals_pytorch(kind, tmp_path, monkeypatch, threads):
+def test_a_packed_forward_through_the_c_layers_equals_pytorch(kind, tmp_path, threads):
     "Two ticks (prefill, then prefill chunks next to a decode row): logits and the K/V written, on either path."
     torch.set_num_threads(2)
     model = load_model(save_tiny(kind, tmp_path), dtype="float32", device="cpu").model
     kernels = kernels_for(model.config)
     ran = []
-    run_layer = kernels.run_layer
-    monkeypatch.setattr(kernels, "run_layer", lambda *args: ran.append(run_layer(*args)) or ran[-1])
+    count_run_layer(kernels, ran)
     rng = random.Random(0)
     prompts = [[rng.randrange(512) for _ in range(n)] for n in (40, 21, 70)]
     starts = [20, 20, 30]
@@ -165,10 +164,40 @@ def test_engines_give_the_same_greedy_tokens_on_either_path(kind, tiny_folder, t
     shared = [rng.randrange(512) for _ in range(40)]
     prompts = [shared + [rng.randrange(512) for _ in range(n)] for n in (1, 5, 30, 90, 7, 60)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outputs = {}
+    outputs, ran = {}, []
     for attention in ("c", "torch"):
         with LLM(folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES, max_batch_size=4,
                  prefill_chunk_size=48, page_size=16, attention=attention) as llm:
-            assert isinstance(llm.engine.runner.backend, CLayerKernels) == (attention == "c")
+            backend = llm.engine.runner.backend
+            assert isinstance(backend, CLayerKernels) == (attention == "c")
+            if attention == "c": count_run_layer(backend, ran)
             outputs[attention] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outputs["c"] == outputs["torch"]
+    assert ran and all(r is not None for r in ran)  # the C path ran every layer of every tick
+
+
+def count_run_layer(backend: CLayerKernels, ran: list):
+    "Record what backend.run_layer returns (None where it declined a layer)."
+    run_layer = backend.run_layer
+    backend.run_layer = lambda *args: ran.append(run_layer(*args)) or ran[-1]
+
+
+@needs_compiler
+def test_the_cpu_default_c_everywhere_gives_the_tokens_of_pytorch_on_the_same_weights(tiny_folder):
+    """dtype='auto': float16 weights through the C matmul and the C layers, against the same weights through fbgemm and
+    PyTorch's layers (attention='torch'). How far float16 weights are from float32 ones: tests/test_parity.py."""
+    if not half_weights_available(): pytest.skip("this PyTorch build has no fbgemm float16-weight linear to compare with")
+    rng = random.Random(2)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (3, 17, 64, 130)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs, ran = {}, []
+    for attention in ("auto", "torch"):
+        with LLM(tiny_folder, device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES, max_batch_size=4,
+                 prefill_chunk_size=64, page_size=16, attention=attention) as llm:
+            assert matmul_name(llm.model) == ("C, float16 weights" if attention == "auto" else "fbgemm, float16 weights")
+            if attention == "auto":
+                assert isinstance(llm.engine.runner.backend, CLayerKernels)
+                count_run_layer(llm.engine.runner.backend, ran)
+            outputs[attention] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outputs["auto"] == outputs["torch"]
+    assert ran and all(r is not None for r in ran)
