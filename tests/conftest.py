@@ -79,3 +79,11 @@ def tiny_folder(tmp_path_factory, smollm2_gguf):
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
     return folder
+
+
+@pytest.fixture
+def threads():
+    "Restore torch's thread count after a test that changes it."
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

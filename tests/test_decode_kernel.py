@@ -45,14 +45,6 @@ def random_tick(seed, num_heads, num_kv_heads, head_dim, page_size, decode_only,
     return q, k_pages, v_pages, build_paged_batch(tables, starts, lens, page_size)
 
 
-@pytest.fixture
-def threads():
-    "Restore torch's thread count after a test that changes it."
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @needs_compiler
 @pytest.mark.parametrize("shape", [(9, 3, 64, 16), (16, 8, 128, 8), (8, 2, 64, 4), (4, 4, 8, 4), (8, 1, 32, 8),
                                    (12, 4, 16, 256), (6, 2, 80, 8), (4, 4, 40, 8), (16, 1, 64, 8)])

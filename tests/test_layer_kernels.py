@@ -41,13 +41,6 @@ def layer_config(qk_norm: bool, hidden: int, inter: int, num_heads: int = 4, num
 needs_compiler = pytest.mark.skipif(not kernels_build(), reason="no C compiler that builds the kernels (CI installs gcc)")
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @needs_compiler
 @pytest.mark.parametrize("rows, dim, num_threads", [(1, 576, 1), (16, 576, 2), (3, 20, 2), (200, 576, 2), (130, 1000, 3)])
 def test_rms_norm_with_and_without_the_residual(rows, dim, num_threads, threads):

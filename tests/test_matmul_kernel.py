@@ -20,13 +20,6 @@ def matmul_builds() -> bool:
 needs_compiler = pytest.mark.skipif(not matmul_builds(), reason="no C compiler that builds the kernel (CI installs gcc)")
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def test_weight_panels_hold_16_outputs_per_step():
     weight = torch.arange(40 * 3, dtype=torch.float32).view(40, 3)  # 40 outputs: three panels, the last padded
     panels = weight_panels(weight)
