@@ -18,8 +18,8 @@ from torch import nn
 # %% auto #0
 __all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'weight_packing_available', 'PackedLinear',
            'pack_linears', 'half_weights_available', 'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir',
-           'c_compiler', 'build_kernels', 'build_library', 'CDecodeAttention', 'CLayerKernels', 'weight_panels',
-           'matmul_kernel', 'CHalfLinear', 'choose_matmul', 'matmul_name', 'decode_kernel_backend',
+           'c_compiler', 'build_kernels', 'build_library', 'load_built', 'CDecodeAttention', 'CLayerKernels',
+           'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul', 'matmul_name', 'decode_kernel_backend',
            'choose_attention_backend', 'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention',
            'decoding_engine', 'matmul_weights', 'target_report']
 
@@ -330,6 +330,20 @@ def _build(source: str, command: list[str], folder: Path, rebuild: bool) -> Path
     finally:
         Path(partial).unlink(missing_ok=True)
 
+
+def load_built(build, load):
+    """load(build(rebuild=False)): a library from the cache, loaded. A cached file that does not load is built again,
+    once; if that does not load either (a missing OpenMP runtime, say), KernelUnavailable says why."""
+    library = build(rebuild=False)
+    try:
+        return load(library)
+    except OSError:  # a broken file in the cache
+        library = build(rebuild=True)
+    try:
+        return load(library)
+    except OSError as e:
+        raise KernelUnavailable(f"could not load {library}: {e}")
+
 # %% ../nbs/15_performance.ipynb #2e26ef33
 class CDecodeAttention:
     "Attention backend: decode rows through the C kernel, reading the pages in place; prefill chunks through SDPA."
@@ -337,7 +351,8 @@ class CDecodeAttention:
 
     def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
         self.library, self.shape = library, (num_heads, num_kv_heads, head_dim)
-        kernel = ctypes.CDLL(str(library)).paged_decode_attention
+        self._lib = ctypes.CDLL(str(library))
+        kernel = self._lib.paged_decode_attention
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         kernel.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
         kernel.restype = ctypes.c_int
@@ -482,7 +497,7 @@ class CLayerKernels(CDecodeAttention):
 
     def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
         super().__init__(library, head_dim, num_heads, num_kv_heads)
-        lib, ptr, i64, f32 = ctypes.CDLL(str(library)), ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        lib, ptr, i64, f32 = self._lib, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         self._rms_norm = _c_function(lib, "rms_norm", ptr, ptr, ptr, ptr, ptr, i64, i64, f32, ctypes.c_int)
         self._rope_store = _c_function(lib, "rope_store", ptr, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr,
                                        ctypes.c_int)
@@ -620,13 +635,8 @@ def weight_panels(weight: torch.Tensor) -> torch.Tensor:
 def matmul_kernel(cache_dir: Path | None = None):
     """The C float16-weight matmul, as a ctypes function, or KernelUnavailable saying why not. Only with OpenMP:
     on one thread it would be slower than PyTorch's matmuls, which use them all."""
-    library = build_library(MATMUL_F16_C, cache_dir=cache_dir, require_openmp=True)
-    try:
-        lib = ctypes.CDLL(str(library))
-    except OSError:  # a broken file in the cache: build it again, once
-        library = build_library(MATMUL_F16_C, cache_dir=cache_dir, rebuild=True, require_openmp=True)
-        try: lib = ctypes.CDLL(str(library))
-        except OSError as e: raise KernelUnavailable(f"could not load {library}: {e}")
+    lib = load_built(lambda rebuild: build_library(MATMUL_F16_C, [], cache_dir, rebuild, require_openmp=True),
+                     lambda library: ctypes.CDLL(str(library)))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     return _c_function(lib, "matmul_f16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
 
@@ -677,15 +687,8 @@ def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> C
     if torch.device(device).type != "cpu": raise KernelUnavailable(f"the C kernel runs on the CPU, not {device}")
     if kv_dtype != torch.float32: raise KernelUnavailable(f"the C kernel reads float32 K/V pages, not {kv_dtype}")
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
-    library = build_kernels(*shape, source=KERNELS_C)
-    try:
-        return CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
-    except OSError:  # a broken file in the cache: build it again, once
-        library = build_kernels(*shape, source=KERNELS_C, rebuild=True)
-    try:
-        return CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
-    except OSError as e:  # it still does not load (a missing OpenMP runtime, say)
-        raise KernelUnavailable(f"could not load {library}: {e}")
+    return load_built(lambda rebuild: build_kernels(*shape, source=KERNELS_C, rebuild=rebuild),
+                      lambda library: CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads))
 
 
 def choose_attention_backend(cfg, kv_dtype: torch.dtype, device: torch.device, attention: str = "auto"):

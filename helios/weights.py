@@ -284,11 +284,10 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     "Find, read and build a model (None: the embedded default); kernels: 'auto', 'c' or 'torch' (chapter 15)."
     start = time.perf_counter()
     device = resolve_device(device)
-    half_weights = dtype == "auto"  # on CPU, for float32 weights only (chapter 15)
+    half_weights = dtype == "auto" and optimize and device.type == "cpu"  # float16-stored weights (chapter 15)
     dtype = resolve_dtype(dtype, device)
     if kernels not in ATTENTION_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(ATTENTION_CHOICES)}, got {kernels!r}")
-    half_weights = half_weights and optimize and device.type == "cpu"
     matmul = choose_matmul(kernels) if half_weights else None  # the C kernel, or None for fbgemm's
     path = find_checkpoint(model)
     reader = None
