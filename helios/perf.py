@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'weight_packing_available', 'PackedLinear',
-           'pack_linears', 'half_weights_available', 'HalfWeightLinear', 'KernelUnavailable', 'kernel_cache_dir',
-           'c_compiler', 'build_kernels', 'build_library', 'load_built', 'CDecodeAttention', 'CLayerKernels',
-           'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul', 'matmul_name', 'decode_kernel_backend',
-           'choose_attention_backend', 'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention',
-           'decoding_engine', 'matmul_weights', 'target_report']
+__all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'DECODER_LAYER_C', 'LAYER_KERNELS_C',
+           'weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available', 'HalfWeightLinear',
+           'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'build_kernels', 'build_library', 'load_built',
+           'CDecodeAttention', 'CLayerKernels', 'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul',
+           'matmul_name', 'CDecoderLayers', 'decode_kernel_backend', 'choose_attention_backend', 'backend_name',
+           'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
+           'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -107,7 +108,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .paged import pick_attention_backend, prefill_chunks_attention, reference_attention
+from .paged import pick_attention_backend, reference_attention
 
 DECODE_ATTENTION_C = r"""
 #include <math.h>
@@ -346,7 +347,7 @@ def load_built(build, load):
 
 # %% ../nbs/15_performance.ipynb #2e26ef33
 class CDecodeAttention:
-    "Attention backend: decode rows through the C kernel, reading the pages in place; prefill chunks through SDPA."
+    "Attention backend: every packed token is one row of the C kernel, which reads the pages in place."
     name = "C decode kernel"
 
     def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
@@ -357,27 +358,20 @@ class CDecodeAttention:
         kernel.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
         kernel.restype = ctypes.c_int
         self._kernel = kernel
-        self._batch = self._rows = None  # the tick whose decode rows were last picked out
+        self._batch = self._rows = None  # the tick whose rows were last laid out, and its rows
 
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch) -> torch.Tensor:
         "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
-        rows = self._decode_rows(batch)
-        if rows is None: return reference_attention(q, k_pages, v_pages, batch)  # prefill only
-        token_index, tables, lens = rows
-        if token_index is None: return self.decode(q[0], k_pages, v_pages, tables, lens)[None]
-        out = torch.empty_like(q)
-        out[0, token_index] = self.decode(q[0, token_index], k_pages, v_pages, tables, lens)
-        return prefill_chunks_attention(q, k_pages, v_pages, batch, out)
+        return self.decode(q[0], k_pages, v_pages, *self._token_rows(batch))[None]
 
-    def _decode_rows(self, batch):
-        "(packed index of the one-token rows or None if every row is one, their page tables, their lengths)."
+    def _token_rows(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        "(page tables [N, max_pages], lengths [N]): packed token i sees its sequence's first positions[i] + 1 tokens."
         if batch is not self._batch:
-            rows = [i for i, n in enumerate(batch.query_lens) if n == 1]
-            every = len(rows) == batch.num_seqs
-            self._batch, self._rows = batch, None if not rows else (
-                None if every else torch.tensor([batch.query_starts[i] for i in rows]),
-                (batch.page_tables if every else batch.page_tables[rows]).to(torch.int64).contiguous(),
-                torch.tensor([batch.context_lens[i] for i in rows], dtype=torch.int64))
+            tables = batch.page_tables.to(torch.int64)
+            if batch.num_seqs < len(batch.positions):  # prefill chunks: one row per token, its sequence's table
+                owner = torch.repeat_interleave(torch.arange(batch.num_seqs), torch.tensor(batch.query_lens))  # [N]
+                tables = tables[owner.to(tables.device)]
+            self._batch, self._rows = batch, (tables.contiguous(), (batch.positions + 1).to(torch.int64).contiguous())
         return self._rows
 
     def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
@@ -681,14 +675,171 @@ def matmul_name(model: nn.Module) -> str:
              PackedLinear: "oneDNN, float32 weights"}
     return next((name for cls, name in kinds.items() if any(isinstance(m, cls) for m in model.modules())), "PyTorch")
 
+# %% ../nbs/15_performance.ipynb #2c721244
+DECODER_LAYER_C = r"""
+#include <time.h>
+
+/* The matmul the layer is handed (matmul_f16's signature): y [M, N] = x [M, K] times the weight in panels. */
+typedef void (*matmul_fn)(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y,
+                          int threads);
+
+struct layer_weights {                    /* one decoder layer, set once */
+    const float *input_norm, *post_norm;  /* [hidden] */
+    const float *q_norm, *k_norm;         /* [HEAD_DIM] QK-norm weights, or NULL */
+    float eps, qk_eps;
+    const uint16_t *qkv, *o, *gate_up, *down;  /* panels */
+    const float *qkv_bias;                /* [QKV], or NULL */
+    int64_t hidden, inter, layer;         /* layer: its index in the KV pool */
+    matmul_fn matmul;                     /* the matmul of its panels */
+};
+
+struct tick {                             /* one packed forward, set once per tick */
+    int64_t n;                            /* packed tokens */
+    const float *cos, *sin;               /* [n, HEAD_DIM / 2] */
+    const int64_t *slots;                 /* [n] where each token's k and v go */
+    const int64_t *tables, *lens;         /* [n, table_stride], [n]: each token's page table and context */
+    int64_t table_stride, page_size;
+    float *k_pages, *v_pages;             /* the pool: [layers, pages, page_size, KV_HEADS, HEAD_DIM] */
+    int64_t layer_floats;                 /* floats per layer of the pool */
+    float *scratch;                       /* n x (3 hidden + QKV + 2 HEADS HEAD_DIM + 3 inter) floats */
+    float scale;                          /* 1 / sqrt(HEAD_DIM) */
+    int threads;
+    double *clocks;                       /* seconds spent in [matmuls, attention], added to */
+};
+
+#define QKV ((HEADS + 2 * KV_HEADS) * HEAD_DIM)
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void timed_matmul(const struct layer_weights *lw, const struct tick *t, const float *x, int64_t K,
+                         const uint16_t *w, int64_t N, float *y) {
+    const double start = now_s();
+    lw->matmul(x, t->n, K, w, N, y, t->threads);
+    t->clocks[0] += now_s() - start;
+}
+
+/* out [n, hidden] = the decoder layer applied to x [n, hidden]; k and v of the tick's tokens written to the
+   layer's pages. Returns 0, or 1 if attention ran out of memory. */
+int decoder_layer(const struct layer_weights *w, const struct tick *t, const float *x, float *out) {
+    const int64_t n = t->n, H = w->hidden, I = w->inter, A = HEADS * HEAD_DIM;
+    float *k_pages = t->k_pages + w->layer * t->layer_floats, *v_pages = t->v_pages + w->layer * t->layer_floats;
+    float *h = t->scratch, *qkv = h + n * H, *q = qkv + n * QKV, *att = q + n * A, *mid = att + n * A;
+    float *gate_up = mid + n * H, *act = gate_up + n * 2 * I;
+    rms_norm(x, NULL, w->input_norm, NULL, h, n, H, w->eps, t->threads);             /* h = norm(x) */
+    timed_matmul(w, t, h, H, w->qkv, QKV, qkv);
+    if (w->qkv_bias)
+        for (int64_t r = 0; r < n; r++) for (int64_t i = 0; i < QKV; i++) qkv[r * QKV + i] += w->qkv_bias[i];
+    rope_store(qkv, QKV, n, t->cos, t->sin, w->q_norm, w->k_norm, w->qk_eps, q, k_pages, v_pages, t->slots,
+               t->threads);                                                           /* q; k, v to the pages */
+    const double start = now_s();
+    const int failed = paged_decode_attention(q, k_pages, v_pages, t->tables, t->table_stride, t->lens, att, n,
+                                              t->page_size, t->scale, t->threads);
+    t->clocks[1] += now_s() - start;
+    if (failed) return 1;
+    timed_matmul(w, t, att, A, w->o, H, out);                                          /* out = o_proj(att) */
+    rms_norm(x, out, w->post_norm, mid, h, n, H, w->eps, t->threads);                 /* mid = x + out, h = norm */
+    timed_matmul(w, t, h, H, w->gate_up, 2 * I, gate_up);
+    silu_mul(gate_up, n, I, act, t->threads);
+    timed_matmul(w, t, act, I, w->down, H, out);                                       /* out = down(act) */
+    #pragma omp parallel for num_threads(n * H >= PARALLEL_MIN ? t->threads : 1)
+    for (int64_t i = 0; i < n * H; i++) out[i] += mid[i];
+    return 0;
+}
+"""
+
+LAYER_KERNELS_C = KERNELS_C + DECODER_LAYER_C  # attention, the layer's ops, and the layer as one call
+
+# %% ../nbs/15_performance.ipynb #9ab0c394
+class _LayerWeights(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("qk_eps", ctypes.c_float),
+                ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p), ("hidden", ctypes.c_int64),
+                ("inter", ctypes.c_int64), ("layer", ctypes.c_int64), ("matmul", ctypes.c_void_p)]
+
+
+class _Tick(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+                ("tables", ctypes.c_void_p), ("lens", ctypes.c_void_p), ("table_stride", ctypes.c_int64),
+                ("page_size", ctypes.c_int64), ("k_pages", ctypes.c_void_p), ("v_pages", ctypes.c_void_p),
+                ("layer_floats", ctypes.c_int64), ("scratch", ctypes.c_void_p), ("scale", ctypes.c_float),
+                ("threads", ctypes.c_int), ("clocks", ctypes.c_void_p)]
+
+
+class CDecoderLayers(CLayerKernels):
+    "CLayerKernels, plus one C call per decoder layer whose four projections are CHalfLinear (the CPU default)."
+    name = "C kernels"
+
+    def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int):
+        super().__init__(library, head_dim, num_heads, num_kv_heads)
+        self._decoder_layer = self._lib.decoder_layer
+        self._decoder_layer.argtypes = [ctypes.POINTER(_LayerWeights), ctypes.POINTER(_Tick), ctypes.c_void_p,
+                                        ctypes.c_void_p]
+        self._decoder_layer.restype = ctypes.c_int
+        self.clocks = torch.zeros(2, dtype=torch.float64)  # seconds in the fused layers' [matmuls, attention]
+        self._weights: dict[nn.Module, _LayerWeights | None] = {}
+        self._tick_key = self._tick = None
+
+    def layer_weights(self, layer: nn.Module) -> _LayerWeights | None:
+        "The layer's weights for decoder_layer, or None if its projections are not all bias-free CHalfLinear."
+        if layer not in self._weights:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
+            fusable = (all(isinstance(p, CHalfLinear) and p._matmul is projections[0]._matmul for p in projections)
+                       and all(p.bias is None for p in projections[1:]))
+            self._weights[layer] = None if not fusable else _LayerWeights(
+                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                attn.q_norm.weight.data_ptr() if attn.qk_norm else None,
+                attn.k_norm.weight.data_ptr() if attn.qk_norm else None,
+                layer.input_layernorm.eps, attn.q_norm.eps if attn.qk_norm else 0.0,
+                *(p.packed.data_ptr() for p in projections),
+                projections[0].bias.data_ptr() if projections[0].bias is not None else None,
+                projections[1].out_features, mlp.down_proj.in_features, attn.layer_idx,
+                ctypes.cast(projections[0]._matmul, ctypes.c_void_p).value)
+        return self._weights[layer]
+
+    def tick(self, weights: _LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> _Tick | None:
+        "The tick's struct and scratch, made at its first layer; None if the tick's tensors are not the kernel's."
+        if self._tick_key is None or self._tick_key[0] is not kv.batch or self._tick_key[1] is not cos:
+            self._tick_key, self._tick = (kv.batch, cos), None
+            if (x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous()
+                    and sin.is_contiguous() and kv.batch.slot_mapping.dtype == torch.int64
+                    and kv.pool.k.dtype == torch.float32):
+                n, (num_heads, num_kv_heads, head_dim) = x.shape[1], self.shape
+                per_token = (3 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim
+                             + 3 * weights.inter)
+                tables, lens = self._token_rows(kv.batch)
+                scratch = x.new_empty(n * per_token)
+                self._tick = (_Tick(n, cos.data_ptr(), sin.data_ptr(),
+                                    kv.batch.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), tables.stride(0),
+                                    kv.pool.page_size, kv.pool.k.data_ptr(), kv.pool.v.data_ptr(), kv.pool.k[0].numel(),
+                                    scratch.data_ptr(), head_dim ** -0.5, torch.get_num_threads(), self.clocks.data_ptr()),
+                              scratch)
+        return None if self._tick is None else self._tick[0]
+
+    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
+        "The layer as one C call where it can be fused; else CLayerKernels' ten calls (or None: PyTorch)."
+        weights = self.layer_weights(layer)
+        tick = (None if weights is None or x.dtype != torch.float32 or not x.is_contiguous()
+                else self.tick(weights, x, cos, sin, kv))
+        if tick is None: return super().run_layer(layer, x, cos, sin, kv)
+        out = torch.empty_like(x)
+        if self._decoder_layer(weights, tick, x.data_ptr(), out.data_ptr()):
+            raise MemoryError("the C decode kernel could not allocate its scores")
+        return out
+
 # %% ../nbs/15_performance.ipynb #8ed8c56b
-def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CLayerKernels:
+def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CDecoderLayers:
     "The C kernels for this model, or KernelUnavailable saying why not."
     if torch.device(device).type != "cpu": raise KernelUnavailable(f"the C kernel runs on the CPU, not {device}")
     if kv_dtype != torch.float32: raise KernelUnavailable(f"the C kernel reads float32 K/V pages, not {kv_dtype}")
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
-    return load_built(lambda rebuild: build_kernels(*shape, source=KERNELS_C, rebuild=rebuild),
-                      lambda library: CLayerKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads))
+    return load_built(lambda rebuild: build_kernels(*shape, source=LAYER_KERNELS_C, rebuild=rebuild),
+                      lambda library: CDecoderLayers(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads))
 
 
 def choose_attention_backend(cfg, kv_dtype: torch.dtype, device: torch.device, attention: str = "auto"):
@@ -764,6 +915,8 @@ def profile_ticks(engine, ticks: int = 5) -> TickProfile:
     engine._sample_and_emit = watch.wrap("sampling and streaming", originals[2])
     scheduler.schedule = watch.wrap("scheduling", originals[3])
     hooks = watch.hook_modules("matmul", _matmul_modules(runner.model))
+    clocks = getattr(originals[1], "clocks", None)  # layers run as one C call time their own matmuls and attention
+    clocks_before = None if clocks is None else clocks.clone()
     batch = len(scheduler.running)
     try:
         start = time.perf_counter()
@@ -772,6 +925,10 @@ def profile_ticks(engine, ticks: int = 5) -> TickProfile:
     finally:
         runner.run, runner.backend, engine._sample_and_emit, scheduler.schedule = originals
         for h in hooks: h.remove()
+    if clocks is not None:
+        matmul_s, attention_s = (clocks - clocks_before).tolist()
+        watch.seconds["matmul"] += matmul_s
+        watch.seconds["attention"] += attention_s
     s = {k: v * 1e3 / ticks for k, v in watch.seconds.items()}
     parts = {"matmul": s.get("matmul", 0.0), "attention": s.get("attention", 0.0)}
     parts["other ops and Python in the forward"] = max(s.get("forward", 0.0) - sum(parts.values()), 0.0)

@@ -5,8 +5,9 @@ each in an engine driven by hand, and profiles decode ticks with `helios.perf.pr
 15). The two A/B modes time blocks of ticks of two engines in turn, so that the machine's drift hits
 both alike, and check that both engines produced the same tokens: `--compare-weights` loads the model
 with exact float32 weights and with the CPU default (float16-stored weights); `--compare-attention`
-runs the default model with PyTorch's decode attention (`batched_attention`), with the C decode kernel alone
-(`CDecodeAttention`), and with the C kernels for attention and the rest of the layer (`CLayerKernels`, the default).
+runs the default model with PyTorch's attention (`batched_attention`), with the C attention kernel alone
+(`CDecodeAttention`, every token a row), and with the C kernels for attention and the rest of the layer in ten calls
+(`CLayerKernels`); `--compare-layers` runs the ten calls against one C call per layer (`CDecoderLayers`, the default).
 Usage:
 
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
@@ -14,6 +15,7 @@ Usage:
     python scripts/profile_tick.py --compare-attention [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
     python scripts/profile_tick.py --compare-attention --prefill [--threads 2] [--batch 16] [--rounds 4]
     python scripts/profile_tick.py --compare-matmul [--prefill] [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
+    python scripts/profile_tick.py --compare-layers [--prefill] [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
 
 `--compare-matmul` loads the default model twice, with fbgemm's float16-weight matmul (`kernels="torch"`) and with
 the C one (`CHalfLinear`, the default), both running the C layer kernels.
@@ -29,7 +31,7 @@ import torch
 
 from helios.bench import real_text
 from helios.paged import batched_attention
-from helios.perf import CDecodeAttention, decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
+from helios.perf import CDecodeAttention, CLayerKernels, decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
 from helios.tokenizer import load_tokenizer
 from helios.weights import LoadedModel, load_model
 
@@ -74,8 +76,21 @@ def compare_attention(args):
     kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
     num_heads, num_kv_heads, head_dim = kernels.shape
     attention_only = CDecodeAttention(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
-    backends = {"batched_attention": batched_attention, "C decode kernel": attention_only,
-                "C kernels (whole layer)": kernels}
+    ten_calls = CLayerKernels(kernels.library, head_dim, num_heads, num_kv_heads)
+    compare_backends(loaded, {"batched_attention": batched_attention, "C decode kernel": attention_only,
+                              "C kernels (ten calls)": ten_calls}, args)
+
+
+def compare_layers(args):
+    loaded = load_model()
+    kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
+    num_heads, num_kv_heads, head_dim = kernels.shape
+    ten_calls = CLayerKernels(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
+    compare_backends(loaded, {"ten calls per layer": ten_calls, "one call per layer": kernels}, args)
+
+
+def compare_backends(loaded: LoadedModel, backends: dict, args):
+    "Engines over one model, one per attention backend, compared on prefill (args.prefill) or decode ticks."
     if args.prefill:
         compare_prefill({name: prefilling(loaded, args, b) for name, b in backends.items()}, args)
     else:
@@ -142,16 +157,18 @@ def main():
     ap.add_argument("--compare-weights", action="store_true")
     ap.add_argument("--compare-attention", action="store_true")
     ap.add_argument("--compare-matmul", action="store_true")
-    ap.add_argument("--prefill", action="store_true", help="with --compare-attention or --compare-matmul: prefill ticks")
+    ap.add_argument("--compare-layers", action="store_true")
+    ap.add_argument("--prefill", action="store_true", help="with a --compare-* mode but weights: prefill ticks")
     ap.add_argument("--rounds", type=int, default=4, help="blocks of ticks per engine with --compare-weights")
     args = ap.parse_args()
-    comparing = args.compare_weights or args.compare_attention or args.compare_matmul
+    comparing = args.compare_weights or args.compare_attention or args.compare_matmul or args.compare_layers
     args.ticks = args.ticks or (8 if comparing else 10)
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads}, load average at start {os.getloadavg()}")
     if args.compare_weights: compare_weights(args)
     elif args.compare_attention: compare_attention(args)
     elif args.compare_matmul: compare_matmul(args)
+    elif args.compare_layers: compare_layers(args)
     else: before_and_after(args)
 
 

@@ -10,14 +10,14 @@ from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.config import ModelConfig
 from helios.paged import batched_attention, build_paged_batch, pages_needed, reference_attention
-from helios.perf import (KERNELS_C, CDecodeAttention, KernelUnavailable, backend_name, build_kernels, c_compiler,
+from helios.perf import (LAYER_KERNELS_C, CDecodeAttention, KernelUnavailable, backend_name, build_kernels, c_compiler,
                          choose_attention_backend, decode_kernel_backend)
 
 CPU = torch.device("cpu")
 
 
 def kernel_builds() -> bool:
-    try: return build_kernels(64, 3, 3, source=KERNELS_C).exists()  # what the backend loads
+    try: return build_kernels(64, 3, 3, source=LAYER_KERNELS_C).exists()  # what the backend loads
     except KernelUnavailable: return False
 
 
@@ -56,6 +56,27 @@ def test_kernel_equals_reference(shape, seed, threads):
     q, k_pages, v_pages, batch = random_tick(seed, num_heads, num_kv_heads, head_dim, page_size, seed % 2 == 0)
     torch.testing.assert_close(backend(q, k_pages, v_pages, batch), reference_attention(q, k_pages, v_pages, batch),
                                atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", [(9, 3, 64, 16), (8, 2, 32, 8), (4, 4, 16, 256)])
+def test_prefill_chunks_are_rows_of_the_kernel(shape, threads):
+    "Long chunks over scattered pages, one after earlier context, next to decode rows: token i sees positions[i] + 1 keys."
+    num_heads, num_kv_heads, head_dim, page_size = shape
+    backend = decode_kernel_backend(attention_config(num_heads, num_kv_heads, head_dim), torch.float32, CPU)
+    gen = torch.Generator().manual_seed(0)
+    k_pages, v_pages = (torch.randn(60, page_size, num_kv_heads, head_dim, generator=gen) for _ in "kv")
+    starts, lens = [0, 30, 99, 7], [70, 45, 1, 1]  # a prompt's first chunk, a later chunk, two decode rows
+    tables = torch.randperm(60, generator=gen)[:4 * 15].view(4, 15)
+    batch = build_paged_batch(tables, starts, lens, page_size)
+    q = torch.randn(1, sum(lens), num_heads, head_dim, generator=gen) * 2
+    for n in (1, 2, 3):
+        torch.set_num_threads(n)
+        torch.testing.assert_close(backend(q, k_pages, v_pages, batch), reference_attention(q, k_pages, v_pages, batch),
+                                   atol=1e-5, rtol=1e-5)
+    tables_per_token, seen = backend._token_rows(batch)
+    assert seen.tolist() == [p + 1 for s, n in zip(starts, lens) for p in range(s, s + n)]
+    assert torch.equal(tables_per_token, tables.repeat_interleave(torch.tensor(lens), dim=0))
 
 
 @needs_compiler
@@ -171,7 +192,7 @@ def test_cc_may_carry_arguments(tmp_path, monkeypatch):
 def test_a_broken_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
     monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
     cfg = attention_config(4, 2, 16)
-    path = build_kernels(16, 2, 2, source=KERNELS_C)  # what the backend loads: attention and layer kernels
+    path = build_kernels(16, 2, 2, source=LAYER_KERNELS_C)  # what the backend loads: attention and layer kernels
     path.write_bytes(b"not a shared library")
     backend = decode_kernel_backend(cfg, torch.float32, CPU)
     assert backend.library == path and path.read_bytes()[:4] == b"\x7fELF"
