@@ -1,4 +1,4 @@
-"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, then a decode kernel in C that copies nothing, the rest of each layer in the same C, then float16-weight matmuls in C too, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
+"""A per-tick profile of the engine on this CPU, the changes it pointed to (fused projections, pre-packed weights, float16-stored weights with float32 arithmetic, a decode attention that copies only what it reads, then a decode kernel in C that copies nothing (and serves prefill too), the rest of each layer in the same C, then float16-weight matmuls in C too, then each layer as one C call, one OpenMP team, sampling without a sort, decode rows grouped by length), each with its predicted and measured gain, and how far Helios is from the machine's floor and from its peers.
 
 Docs: https://helios-engine.github.io/helios/performance.html.md"""
 
