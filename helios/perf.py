@@ -106,6 +106,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 
 from .paged import pick_attention_backend, reference_attention
@@ -701,7 +702,7 @@ struct tick {                             /* one packed forward, set once per ti
     int64_t table_stride, page_size;
     float *k_pages, *v_pages;             /* the pool: [layers, pages, page_size, KV_HEADS, HEAD_DIM] */
     int64_t layer_floats;                 /* floats per layer of the pool */
-    float *scratch;                       /* n x (3 hidden + QKV + 2 HEADS HEAD_DIM + 3 inter) floats */
+    float *scratch;                       /* n x (2 hidden + QKV + 2 HEADS HEAD_DIM + 3 inter) floats */
     float scale;                          /* 1 / sqrt(HEAD_DIM) */
     int threads;
     double *clocks;                       /* seconds spent in [matmuls, attention], added to */
@@ -781,50 +782,67 @@ class CDecoderLayers(CLayerKernels):
                                         ctypes.c_void_p]
         self._decoder_layer.restype = ctypes.c_int
         self.clocks = torch.zeros(2, dtype=torch.float64)  # seconds in the fused layers' [matmuls, attention]
-        self._weights: dict[nn.Module, _LayerWeights | None] = {}
+        self._weights = weakref.WeakKeyDictionary()  # layer -> _LayerWeights, or None where it cannot be one call
         self._tick_key = self._tick = None
 
     def layer_weights(self, layer: nn.Module) -> _LayerWeights | None:
-        "The layer's weights for decoder_layer, or None if its projections are not all bias-free CHalfLinear."
-        if layer not in self._weights:
-            attn, mlp = layer.self_attn, layer.mlp
-            projections = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
-            fusable = (all(isinstance(p, CHalfLinear) and p._matmul is projections[0]._matmul for p in projections)
-                       and all(p.bias is None for p in projections[1:]))
-            self._weights[layer] = None if not fusable else _LayerWeights(
-                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                attn.q_norm.weight.data_ptr() if attn.qk_norm else None,
-                attn.k_norm.weight.data_ptr() if attn.qk_norm else None,
-                layer.input_layernorm.eps, attn.q_norm.eps if attn.qk_norm else 0.0,
-                *(p.packed.data_ptr() for p in projections),
-                projections[0].bias.data_ptr() if projections[0].bias is not None else None,
-                projections[1].out_features, mlp.down_proj.in_features, attn.layer_idx,
-                ctypes.cast(projections[0]._matmul, ctypes.c_void_p).value)
+        "The layer's weights for decoder_layer, or None if it is not the layer decoder_layer runs (made once per layer)."
+        if layer not in self._weights: self._weights[layer] = self._layer_weights(layer)
         return self._weights[layer]
 
+    def _layer_weights(self, layer: nn.Module) -> _LayerWeights | None:
+        attn, mlp, (num_heads, num_kv_heads, head_dim) = layer.self_attn, layer.mlp, self.shape
+        qkv, o, gate_up, down = getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj
+        if not all(isinstance(p, CHalfLinear) and p._matmul is qkv._matmul for p in (qkv, o, gate_up, down)): return None
+        norms = [layer.input_layernorm, layer.post_attention_layernorm] + ([attn.q_norm, attn.k_norm] if attn.qk_norm else [])
+        floats = [n.weight for n in norms] + ([qkv.bias] if qkv.bias is not None else [])
+        if not (o.bias is None and gate_up.bias is None and down.bias is None   # decoder_layer adds no other bias
+                and qkv.out_features == (num_heads + 2 * num_kv_heads) * head_dim and o.in_features == num_heads * head_dim
+                and qkv.in_features == o.out_features == gate_up.in_features == down.out_features
+                and gate_up.out_features == 2 * down.in_features
+                and norms[0].eps == norms[1].eps and (not attn.qk_norm or norms[2].eps == norms[3].eps)  # one eps each
+                and all(t.dtype == torch.float32 and t.is_contiguous() for t in floats)):
+            return None
+        return _LayerWeights(*(n.weight.data_ptr() for n in norms[:2]), *([n.weight.data_ptr() for n in norms[2:]] or [None, None]),
+                             norms[0].eps, norms[2].eps if attn.qk_norm else 0.0,
+                             *(p.packed.data_ptr() for p in (qkv, o, gate_up, down)),
+                             qkv.bias.data_ptr() if qkv.bias is not None else None,
+                             o.out_features, down.in_features, attn.layer_idx, ctypes.cast(qkv._matmul, ctypes.c_void_p).value)
+
+    def _tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> bool:
+        "One packed row of float32 activations, float32 angles, pages and int64 slots, in the shapes decoder_layer reads."
+        (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
+        return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
+                and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
+                and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
+                and len(batch.slot_mapping) == len(batch.positions) == n
+                and pool.k.dtype == pool.v.dtype == torch.float32 and pool.k.is_contiguous() and pool.v.is_contiguous()
+                and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
+
     def tick(self, weights: _LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> _Tick | None:
-        "The tick's struct and scratch, made at its first layer; None if the tick's tensors are not the kernel's."
-        if self._tick_key is None or self._tick_key[0] is not kv.batch or self._tick_key[1] is not cos:
-            self._tick_key, self._tick = (kv.batch, cos), None
-            if (x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous()
-                    and sin.is_contiguous() and kv.batch.slot_mapping.dtype == torch.int64
-                    and kv.pool.k.dtype == torch.float32):
+        "The tick's struct and scratch, made at its first layer; None where decoder_layer cannot read the tick's tensors."
+        key = self._tick_key
+        if key is None or key[0] is not kv.batch or key[1] is not cos or key[2] is not kv.pool:
+            self._tick_key, self._tick = (kv.batch, cos, kv.pool), None
+            if self._tick_fits(x, cos, sin, kv):
                 n, (num_heads, num_kv_heads, head_dim) = x.shape[1], self.shape
-                per_token = (3 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim
-                             + 3 * weights.inter)
+                per_token = 2 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim + 3 * weights.inter
                 tables, lens = self._token_rows(kv.batch)
                 scratch = x.new_empty(n * per_token)
-                self._tick = (_Tick(n, cos.data_ptr(), sin.data_ptr(),
-                                    kv.batch.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), tables.stride(0),
-                                    kv.pool.page_size, kv.pool.k.data_ptr(), kv.pool.v.data_ptr(), kv.pool.k[0].numel(),
-                                    scratch.data_ptr(), head_dim ** -0.5, torch.get_num_threads(), self.clocks.data_ptr()),
-                              scratch)
-        return None if self._tick is None else self._tick[0]
+                pool = kv.pool
+                struct = _Tick(n, cos.data_ptr(), sin.data_ptr(), kv.batch.slot_mapping.data_ptr(), tables.data_ptr(),
+                               lens.data_ptr(), tables.stride(0), pool.page_size, pool.k.data_ptr(), pool.v.data_ptr(),
+                               pool.k[0].numel(), scratch.data_ptr(), head_dim ** -0.5, torch.get_num_threads(),
+                               self.clocks.data_ptr())
+                keep = scratch, tables, lens, sin  # the struct points into these (kv.batch, cos and the pool: the key)
+                self._tick = struct, (n, weights.hidden, weights.inter), keep
+        if self._tick is None or self._tick[1] != (x.shape[1], weights.hidden, weights.inter): return None
+        return self._tick[0]
 
     def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
         "The layer as one C call where it can be fused; else CLayerKernels' ten calls (or None: PyTorch)."
         weights = self.layer_weights(layer)
-        tick = (None if weights is None or x.dtype != torch.float32 or not x.is_contiguous()
+        tick = (None if weights is None or x.dtype != torch.float32 or not x.is_contiguous() or x.shape[-1] != weights.hidden
                 else self.tick(weights, x, cos, sin, kv))
         if tick is None: return super().run_layer(layer, x, cos, sin, kv)
         out = torch.empty_like(x)

@@ -142,9 +142,11 @@ def _filtered(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, mi
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
                  seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
     "One token per row of logits: [B, vocab] (float32)."
-    rows = [apply_penalties(logits[i], p, seen[i], generated[i]) if p.has_penalties else logits[i]
-            for i, p in enumerate(params)]
-    processed = torch.stack(rows)                                          # [B, V]
+    processed = logits                                                     # [B, V]
+    penalized = [i for i, p in enumerate(params) if p.has_penalties]
+    if penalized:  # a copy only when some row changes (torch.stack of the rows cost ~0.5 ms at any batch)
+        processed = logits.clone()
+        for i in penalized: processed[i] = apply_penalties(logits[i], params[i], seen[i], generated[i])
     tokens = processed.argmax(-1)                                          # greedy choice, [B]
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:

@@ -18,7 +18,9 @@ from helios.paged import KVPool, PagedKV, batched_attention, build_paged_batch
 from helios.config import tiny_llama, tiny_qwen3
 from helios.model.qwen3 import CausalLM
 from helios.perf import (CDecoderLayers, CHalfLinear, CLayerKernels, KernelUnavailable, decode_kernel_backend,
-                         half_weights_available, matmul_kernel, matmul_name, pack_linears)
+                         decoding_engine, half_weights_available, matmul_kernel, matmul_name, pack_linears,
+                         profile_ticks)
+from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
 
 CPU = torch.device("cpu")
@@ -101,9 +103,10 @@ def test_rope_store_rotates_q_and_writes_k_and_v_to_their_slots(qk_norm, num_hea
     torch.testing.assert_close(pool.v, expected.v, **CLOSE)
 
 
-def packed_forward(model, backend, pool: KVPool, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+def packed_forward(model, backend, pool: KVPool, chunks: list[list[int]], starts: list[int],
+                   tables: torch.Tensor | None = None) -> torch.Tensor:
     "One packed forward of chunks, sequence i's tokens from position starts[i], eight pages each -> logits [N, vocab]."
-    tables = torch.arange(len(chunks) * 8).view(len(chunks), 8)
+    tables = torch.arange(len(chunks) * 8).view(len(chunks), 8) if tables is None else tables
     batch = build_paged_batch(tables, starts, [len(c) for c in chunks], pool.page_size)
     ids = torch.tensor([t for c in chunks for t in c])
     with torch.no_grad():
@@ -145,29 +148,43 @@ def c_matmul_model(cfg: ModelConfig) -> CausalLM:
     return model
 
 
-def two_ticks(model, backend) -> tuple[torch.Tensor, KVPool]:
-    "A prefill tick, then chunks of 20 and 50 tokens next to a decode row: (logits of both, the pool)."
+def two_ticks(model, backend, page_size: int = 16) -> tuple[torch.Tensor, KVPool]:
+    "A prefill tick, then chunks of 20 and 50 tokens next to a decode row, over scattered pages: (logits, the pool)."
     rng = random.Random(0)
     prompts = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in (40, 21, 70)]
-    pool = KVPool(model.config, num_pages=24, page_size=16, dtype=torch.float32, device="cpu")
-    first = packed_forward(model, backend, pool, [p[:20] for p in prompts], [0, 0, 0])
-    second = packed_forward(model, backend, pool, [p[20:] for p in prompts], [20, 20, 20])
+    num_pages = 3 * -(-72 // page_size)
+    pool = KVPool(model.config, num_pages=num_pages, page_size=page_size, dtype=torch.float32, device="cpu")
+    tables = torch.randperm(num_pages, generator=torch.Generator().manual_seed(1)).view(3, -1)
+    first = packed_forward(model, backend, pool, [p[:20] for p in prompts], [0, 0, 0], tables)
+    second = packed_forward(model, backend, pool, [p[20:] for p in prompts], [20, 20, 20], tables)
     return torch.cat([first, second]), pool
 
 
+def count_calls(backend: CDecoderLayers) -> list:
+    "Record every decoder_layer call of backend."
+    calls, call = [], backend._decoder_layer
+    backend._decoder_layer = lambda *args: calls.append(args) or call(*args)
+    return calls
+
+
 @needs_compiler
-@pytest.mark.parametrize("cfg", [tiny_qwen3(), tiny_llama(), tiny_qwen3(attention_bias=True, tie_word_embeddings=False)],
-                         ids=["qwen3", "llama", "qwen3-qkv-bias"])
-def test_one_call_per_layer_equals_the_ten_calls_bit_for_bit(cfg, threads):
+@pytest.mark.parametrize("cfg, page_size", [
+    (tiny_qwen3(), 16),                                              # hidden 64 < heads x head_dim 128
+    (tiny_llama(), 8),
+    (tiny_qwen3(attention_bias=True, tie_word_embeddings=False), 16),
+    (tiny_llama(hidden_size=128, intermediate_size=96), 16),         # hidden 128 > heads x head_dim 64
+    (tiny_qwen3(head_dim=128, num_kv_heads=1), 32)], ids=["qwen3", "llama", "qwen3-qkv-bias", "llama-wide", "qwen3-d128"])
+def test_one_call_per_layer_equals_the_ten_calls_bit_for_bit(cfg, page_size, threads):
     torch.set_num_threads(2)
     model = c_matmul_model(cfg)
     fused = kernels_for(cfg)
     assert isinstance(fused, CDecoderLayers)
     ten_calls = CLayerKernels(fused.library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
-    logits, pool = two_ticks(model, fused)
-    assert all(fused.layer_weights(layer) is not None for layer in model.model.layers)  # every layer was one call
+    calls = count_calls(fused)
+    logits, pool = two_ticks(model, fused, page_size)
+    assert len(calls) == 2 * cfg.num_layers  # every layer of both ticks was one call
     assert (fused.clocks > 0).all()  # its matmuls and attention were timed
-    ten_logits, ten_pool = two_ticks(model, ten_calls)
+    ten_logits, ten_pool = two_ticks(model, ten_calls, page_size)
     assert torch.equal(logits, ten_logits) and torch.equal(pool.k, ten_pool.k) and torch.equal(pool.v, ten_pool.v)
 
 
@@ -179,14 +196,46 @@ def test_layers_that_cannot_be_one_call_take_the_ten_calls():
     down = model.model.layers[1].mlp.down_proj
     model.model.layers[1].mlp.down_proj = CHalfLinear(torch.randn(down.out_features, down.in_features) * 0.05,
                                                       torch.randn(down.out_features), down._matmul)
+    model.model.layers[0].post_attention_layernorm.eps *= 2  # decoder_layer takes one eps for both norms
     fused = kernels_for(cfg)
+    calls = count_calls(fused)
     logits, _ = two_ticks(model, fused)
-    assert fused.layer_weights(model.model.layers[0]) is not None and fused.layer_weights(model.model.layers[1]) is None
+    assert fused.layer_weights(model.model.layers[0]) is None and fused.layer_weights(model.model.layers[1]) is None
+    assert not calls
     torch.testing.assert_close(logits, two_ticks(model, batched_attention)[0], atol=1e-4, rtol=1e-4)
     plain = CausalLM(cfg).eval().fuse_projections()  # nn.Linear projections
     fused = kernels_for(cfg)
     assert fused.layer_weights(plain.model.layers[0]) is None
     torch.testing.assert_close(two_ticks(plain, fused)[0], two_ticks(plain, batched_attention)[0], atol=1e-4, rtol=1e-4)
+
+
+@needs_compiler
+def test_a_tick_the_fused_layer_cannot_read_takes_the_ten_calls():
+    "A pool of another head size, or bfloat16 pages: no decoder_layer call (the ten calls or PyTorch decline too)."
+    cfg = tiny_llama()
+    model = c_matmul_model(cfg)
+    fused = kernels_for(cfg)
+    calls = count_calls(fused)
+    batch = build_paged_batch(torch.arange(8).view(1, 8), [0], [5], 16)
+    x, (cos, sin) = torch.randn(1, 5, cfg.hidden_size), rope_cos_sin(batch.positions[None], model.inv_freq)
+    layer = model.model.layers[0]
+    for pool in (KVPool(tiny_llama(head_dim=8), num_pages=8, page_size=16, dtype=torch.float32, device="cpu"),
+                 KVPool(cfg, num_pages=8, page_size=16, dtype=torch.bfloat16, device="cpu")):
+        assert fused.tick(fused.layer_weights(layer), x, cos, sin, PagedKV(pool, batch, fused)) is None
+    assert not calls
+
+
+@needs_compiler
+def test_the_profile_splits_a_fused_tick(tiny_folder):
+    "profile_ticks on the CPU default: the fused layers' clocks give the matmul and attention parts."
+    loaded = load_model(tiny_folder, device="cpu")
+    if matmul_name(loaded.model) != "C, float16 weights": pytest.skip("the C matmul is not the default here")
+    tok = load_tokenizer(tiny_folder)
+    engine = decoding_engine(loaded.model, tok, tok.eos_token_ids, [[5 + i] * 20 for i in range(4)])
+    assert isinstance(engine.runner.backend, CDecoderLayers)
+    profile = profile_ticks(engine, ticks=3)
+    assert profile.parts_ms["matmul"] > 0 and profile.parts_ms["attention"] > 0
+    assert sum(profile.parts_ms.values()) == pytest.approx(profile.tick_ms, rel=1e-6)
 
 
 @needs_compiler
