@@ -525,15 +525,24 @@ class CLayerKernels(CDecodeAttention):
         self._silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(), torch.get_num_threads())
         return out
 
-    def can_run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, kv) -> bool:
-        "Fused projections, one packed row of float32 contiguous activations and angles, int64 slots, float32 pages."
-        return (x.shape[0] == 1 and hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj")
-                and x.dtype == cos.dtype == torch.float32 and x.is_contiguous() and cos.is_contiguous()
-                and kv.batch.slot_mapping.dtype == torch.int64 and kv.pool.k.dtype == torch.float32)
+    def can_run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> bool:
+        "Fused projections, and contiguous activations in a tick the C functions can read (tick_fits)."
+        return (hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj") and x.is_contiguous()
+                and self.tick_fits(x, cos, sin, kv))
+
+    def tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> bool:
+        "One packed row of float32 activations, float32 angles, pages and int64 slots, in the shapes the kernels read."
+        (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
+        return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
+                and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
+                and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
+                and len(batch.slot_mapping) == len(batch.positions) == n
+                and pool.k.dtype == pool.v.dtype == torch.float32 and pool.k.is_contiguous() and pool.v.is_contiguous()
+                and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
 
     def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
         "Chapter 03's DecoderLayer.forward with the C functions; None where it cannot run (the caller uses PyTorch)."
-        if not self.can_run(layer, x, cos, kv): return None
+        if not self.can_run(layer, x, cos, sin, kv): return None
         attn, mlp = layer.self_attn, layer.mlp
         h, _ = self.rms_norm(x, layer.input_layernorm)                          # [1, N, hidden]
         q = self.rope_store(attn.qkv_proj(h), cos, sin, attn, kv)               # [1, N, Hq, D]; k, v in the pages
@@ -809,22 +818,12 @@ class CDecoderLayers(CLayerKernels):
                              qkv.bias.data_ptr() if qkv.bias is not None else None,
                              o.out_features, down.in_features, attn.layer_idx, ctypes.cast(qkv._matmul, ctypes.c_void_p).value)
 
-    def _tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> bool:
-        "One packed row of float32 activations, float32 angles, pages and int64 slots, in the shapes decoder_layer reads."
-        (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
-        return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
-                and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
-                and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
-                and len(batch.slot_mapping) == len(batch.positions) == n
-                and pool.k.dtype == pool.v.dtype == torch.float32 and pool.k.is_contiguous() and pool.v.is_contiguous()
-                and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
-
     def tick(self, weights: _LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> _Tick | None:
         "The tick's struct and scratch, made at its first layer; None where decoder_layer cannot read the tick's tensors."
         key = self._tick_key
         if key is None or key[0] is not kv.batch or key[1] is not cos or key[2] is not kv.pool:
             self._tick_key, self._tick = (kv.batch, cos, kv.pool), None
-            if self._tick_fits(x, cos, sin, kv):
+            if self.tick_fits(x, cos, sin, kv):
                 n, (num_heads, num_kv_heads, head_dim) = x.shape[1], self.shape
                 per_token = 2 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim + 3 * weights.inter
                 tables, lens = self._token_rows(kv.batch)

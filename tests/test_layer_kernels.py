@@ -211,7 +211,7 @@ def test_layers_that_cannot_be_one_call_take_the_ten_calls():
 
 @needs_compiler
 def test_a_tick_the_fused_layer_cannot_read_takes_the_ten_calls():
-    "A pool of another head size, or bfloat16 pages: no decoder_layer call (the ten calls or PyTorch decline too)."
+    "A pool of another head size, or bfloat16 pages: no decoder_layer call, and the ten calls decline too (PyTorch)."
     cfg = tiny_llama()
     model = c_matmul_model(cfg)
     fused = kernels_for(cfg)
@@ -221,7 +221,9 @@ def test_a_tick_the_fused_layer_cannot_read_takes_the_ten_calls():
     layer = model.model.layers[0]
     for pool in (KVPool(tiny_llama(head_dim=8), num_pages=8, page_size=16, dtype=torch.float32, device="cpu"),
                  KVPool(cfg, num_pages=8, page_size=16, dtype=torch.bfloat16, device="cpu")):
-        assert fused.tick(fused.layer_weights(layer), x, cos, sin, PagedKV(pool, batch, fused)) is None
+        kv = PagedKV(pool, batch, fused)
+        assert fused.tick(fused.layer_weights(layer), x, cos, sin, kv) is None
+        assert fused.run_layer(layer, x, cos, sin, kv) is None
     assert not calls
 
 
