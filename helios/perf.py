@@ -20,8 +20,8 @@ __all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'DE
            'weight_packing_available', 'PackedLinear', 'pack_linears', 'half_weights_available', 'HalfWeightLinear',
            'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'build_kernels', 'build_library', 'load_built',
            'CDecodeAttention', 'CLayerKernels', 'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul',
-           'matmul_name', 'CDecoderLayers', 'decode_kernel_backend', 'choose_attention_backend', 'backend_name',
-           'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
+           'matmul_name', 'CDecoderLayers', 'checked_rows', 'decode_kernel_backend', 'choose_attention_backend',
+           'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
            'target_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
@@ -205,16 +205,23 @@ static void page_values(const float *p, int64_t n, const float *values, int64_t 
         }
 }
 
-/* s[0:n] <- softmax(s[0:n]) */
-static void softmax(float *s, int64_t n) {
-    float top = -INFINITY, total = 0.f;
-    for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
-    f8 sum = {0};
+/* s[0:n] <- e^(s[0:n] - max(s)); returns their sum, by which the weighted values are divided afterwards (n
+   divisions become HEAD_DIM multiplications). The maximum is taken eight lanes at a time, by a bitwise select. */
+static float exp_shifted(float *s, int64_t n) {
+    f8 best = (f8){0} - INFINITY;
     int64_t t = 0;
-    for (; t + 8 <= n; t += 8) { const f8 e = exp8(*(f8 *)(s + t) - top); *(f8 *)(s + t) = e; sum += e; }
+    for (; t + 8 <= n; t += 8) {
+        const f8 v = *(const f8 *)(s + t);
+        const i8 above = v > best;
+        best = (f8)(((i8)v & above) | ((i8)best & ~above));
+    }
+    float top = -INFINITY, total = 0.f;
+    for (int i = 0; i < 8; i++) top = best[i] > top ? best[i] : top;
+    for (int64_t i = t; i < n; i++) top = s[i] > top ? s[i] : top;
+    f8 sum = {0};
+    for (t = 0; t + 8 <= n; t += 8) { const f8 e = exp8(*(f8 *)(s + t) - top); *(f8 *)(s + t) = e; sum += e; }
     for (; t < n; t++) { s[t] = expf(s[t] - top); total += s[t]; }
-    total += sums4(sum, sum, sum, sum)[0];
-    for (t = 0; t < n; t++) s[t] /= total;
+    return total + sums4(sum, sum, sum, sum)[0];
 }
 
 /* One row's query heads of key/value heads h0..h1-1 attend to the row's first n tokens, page by page. */
@@ -227,11 +234,16 @@ static int attend(const float *q, const float *k_pages, const float *v_pages, co
         page_scores((const f8 *)q, k_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, scale,
                     scores + start, n);
     }
-    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) softmax(scores + hq * n, n);
+    float totals[HEADS];
+    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) totals[hq] = exp_shifted(scores + hq * n, n);
     for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)out)[i] = (f8){0};
     for (int64_t start = 0; start < n; start += page_size) {
         const int64_t count = n - start < page_size ? n - start : page_size;
         page_values(scores + start, n, v_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, (f8 *)out);
+    }
+    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {                   /* softmax's division, once per output */
+        const float scale = totals[hq] > 0.f ? 1.f / totals[hq] : 0.f;  /* no context (n = 0): zeros */
+        for (int c = 0; c < CHUNKS; c++) ((f8 *)out)[hq * CHUNKS + c] *= scale;
     }
     free(scores);
     return 0;
@@ -244,6 +256,7 @@ static int attend(const float *q, const float *k_pages, const float *v_pages, co
 int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
                            int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
                            int64_t page_size, float scale, int threads) {
+    if (rows <= 0) return 0;
     const int slices = rows >= threads ? 1 : (threads + rows - 1) / rows < KV_HEADS ? (threads + rows - 1) / rows : KV_HEADS;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic) num_threads(threads) reduction(|:failed)
@@ -540,7 +553,8 @@ class CLayerKernels(CDecodeAttention):
                 and pool.k.dtype == pool.v.dtype == torch.float32 and pool.k.is_contiguous() and pool.v.is_contiguous()
                 and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
 
-    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
+    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv,
+                  rows: torch.Tensor | None = None):
         "Chapter 03's DecoderLayer.forward with the C functions; None where it cannot run (the caller uses PyTorch)."
         if not self.can_run(layer, x, cos, sin, kv): return None
         attn, mlp = layer.self_attn, layer.mlp
@@ -548,6 +562,7 @@ class CLayerKernels(CDecodeAttention):
         q = self.rope_store(attn.qkv_proj(h), cos, sin, attn, kv)               # [1, N, Hq, D]; k, v in the pages
         k_pages, v_pages = kv.pool.k[attn.layer_idx], kv.pool.v[attn.layer_idx]
         out = kv.backend(q, k_pages, v_pages, kv.batch)                          # [1, N, Hq, D]
+        if rows is not None: out, x = out[:, rows], x[:, rows]                   # [1, M, ...]: only these go on
         h, x = self.rms_norm(x, layer.post_attention_layernorm, attn.o_proj(out.flatten(2)))
         return x + mlp.down_proj(self.silu_mul(mlp.gate_up_proj(h)))           # [1, N, hidden]
 
@@ -687,6 +702,7 @@ def matmul_name(model: nn.Module) -> str:
 
 # %% ../nbs/15_performance.ipynb #2c721244
 DECODER_LAYER_C = r"""
+#include <string.h>
 #include <time.h>
 
 /* The matmul the layer is handed (matmul_f16's signature): y [M, N] = x [M, K] times the weight in panels. */
@@ -725,38 +741,56 @@ static double now_s(void) {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-static void timed_matmul(const struct layer_weights *lw, const struct tick *t, const float *x, int64_t K,
-                         const uint16_t *w, int64_t N, float *y) {
+static void timed_matmul(const struct layer_weights *lw, const struct tick *t, const float *x, int64_t M,
+                         int64_t K, const uint16_t *w, int64_t N, float *y) {
     const double start = now_s();
-    lw->matmul(x, t->n, K, w, N, y, t->threads);
+    lw->matmul(x, M, K, w, N, y, t->threads);
     t->clocks[0] += now_s() - start;
 }
 
-/* out [n, hidden] = the decoder layer applied to x [n, hidden]; k and v of the tick's tokens written to the
-   layer's pages. Returns 0, or 1 if attention ran out of memory. */
-int decoder_layer(const struct layer_weights *w, const struct tick *t, const float *x, float *out) {
+/* The decoder layer applied to x [n, hidden]: k and v of all n tokens written to the layer's pages, and out
+   [m, hidden] the outputs of the m <= n tokens rows[0..m) (the last layer: where logits are taken), or of all
+   n when rows is NULL and m = n (m = 0: none, out is not written). Returns 0, or 1 if memory ran out. */
+int decoder_layer(const struct layer_weights *w, const struct tick *t, const float *x, float *out,
+                  const int64_t *rows, int64_t m) {
     const int64_t n = t->n, H = w->hidden, I = w->inter, A = HEADS * HEAD_DIM;
     float *k_pages = t->k_pages + w->layer * t->layer_floats, *v_pages = t->v_pages + w->layer * t->layer_floats;
     float *h = t->scratch, *qkv = h + n * H, *q = qkv + n * QKV, *att = q + n * A, *mid = att + n * A;
     float *gate_up = mid + n * H, *act = gate_up + n * 2 * I;
     rms_norm(x, NULL, w->input_norm, NULL, h, n, H, w->eps, t->threads);             /* h = norm(x) */
-    timed_matmul(w, t, h, H, w->qkv, QKV, qkv);
+    timed_matmul(w, t, h, n, H, w->qkv, QKV, qkv);
     if (w->qkv_bias)
         for (int64_t r = 0; r < n; r++) for (int64_t i = 0; i < QKV; i++) qkv[r * QKV + i] += w->qkv_bias[i];
     rope_store(qkv, QKV, n, t->cos, t->sin, w->q_norm, w->k_norm, w->qk_eps, q, k_pages, v_pages, t->slots,
                t->threads);                                                           /* q; k, v to the pages */
+    if (m == 0) return 0;  /* no row wanted (a tick of prompt chunks that sample nothing): only the K/V writes */
+    const int64_t *tables = t->tables, *lens = t->lens;
+    int64_t *picked = NULL;
+    if (rows) {      /* from here on only rows[0..m): their queries, inputs, tables and lengths, gathered */
+        picked = malloc(sizeof(int64_t) * m * (t->table_stride + 1));
+        if (!picked) return 1;
+        float *q_rows = qkv, *x_rows = mid;   /* free until written: qkv is read, mid is the norm's sum (in place) */
+        for (int64_t i = 0; i < m; i++) {
+            memcpy(q_rows + i * A, q + rows[i] * A, sizeof(float) * A);
+            memcpy(x_rows + i * H, x + rows[i] * H, sizeof(float) * H);
+            memcpy(picked + i * t->table_stride, t->tables + rows[i] * t->table_stride, sizeof(int64_t) * t->table_stride);
+            picked[m * t->table_stride + i] = t->lens[rows[i]];
+        }
+        q = q_rows, x = x_rows, tables = picked, lens = picked + m * t->table_stride;
+    } else m = n;
     const double start = now_s();
-    const int failed = paged_decode_attention(q, k_pages, v_pages, t->tables, t->table_stride, t->lens, att, n,
+    const int failed = paged_decode_attention(q, k_pages, v_pages, tables, t->table_stride, lens, att, m,
                                               t->page_size, t->scale, t->threads);
     t->clocks[1] += now_s() - start;
+    free(picked);
     if (failed) return 1;
-    timed_matmul(w, t, att, A, w->o, H, out);                                          /* out = o_proj(att) */
-    rms_norm(x, out, w->post_norm, mid, h, n, H, w->eps, t->threads);                 /* mid = x + out, h = norm */
-    timed_matmul(w, t, h, H, w->gate_up, 2 * I, gate_up);
-    silu_mul(gate_up, n, I, act, t->threads);
-    timed_matmul(w, t, act, I, w->down, H, out);                                       /* out = down(act) */
-    #pragma omp parallel for num_threads(n * H >= PARALLEL_MIN ? t->threads : 1)
-    for (int64_t i = 0; i < n * H; i++) out[i] += mid[i];
+    timed_matmul(w, t, att, m, A, w->o, H, out);                                       /* out = o_proj(att) */
+    rms_norm(x, out, w->post_norm, mid, h, m, H, w->eps, t->threads);                 /* mid = x + out, h = norm */
+    timed_matmul(w, t, h, m, H, w->gate_up, 2 * I, gate_up);
+    silu_mul(gate_up, m, I, act, t->threads);
+    timed_matmul(w, t, act, m, I, w->down, H, out);                                    /* out = down(act) */
+    #pragma omp parallel for num_threads(m * H >= PARALLEL_MIN ? t->threads : 1)
+    for (int64_t i = 0; i < m * H; i++) out[i] += mid[i];
     return 0;
 }
 """
@@ -788,7 +822,7 @@ class CDecoderLayers(CLayerKernels):
         super().__init__(library, head_dim, num_heads, num_kv_heads)
         self._decoder_layer = self._lib.decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(_LayerWeights), ctypes.POINTER(_Tick), ctypes.c_void_p,
-                                        ctypes.c_void_p]
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self._decoder_layer.restype = ctypes.c_int
         self.clocks = torch.zeros(2, dtype=torch.float64)  # seconds in the fused layers' [matmuls, attention]
         self._weights = weakref.WeakKeyDictionary()  # layer -> _LayerWeights, or None where it cannot be one call
@@ -838,16 +872,30 @@ class CDecoderLayers(CLayerKernels):
         if self._tick is None or self._tick[1] != (x.shape[1], weights.hidden, weights.inter): return None
         return self._tick[0]
 
-    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv):
-        "The layer as one C call where it can be fused; else CLayerKernels' ten calls (or None: PyTorch)."
+    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv,
+                  rows: torch.Tensor | None = None):
+        """The layer as one C call where it can be fused; else CLayerKernels' ten calls (or None: PyTorch).
+        rows: [M] indices of the tokens whose outputs are returned ([1, M, hidden]); None: all of them."""
         weights = self.layer_weights(layer)
         tick = (None if weights is None or x.dtype != torch.float32 or not x.is_contiguous() or x.shape[-1] != weights.hidden
                 else self.tick(weights, x, cos, sin, kv))
-        if tick is None: return super().run_layer(layer, x, cos, sin, kv)
-        out = torch.empty_like(x)
-        if self._decoder_layer(weights, tick, x.data_ptr(), out.data_ptr()):
-            raise MemoryError("the C decode kernel could not allocate its scores")
+        if tick is None: return super().run_layer(layer, x, cos, sin, kv, rows)
+        if rows is not None: rows = checked_rows(rows, x.shape[1])
+        out = x.new_empty(1, x.shape[1] if rows is None else len(rows), x.shape[-1])
+        if self._decoder_layer(weights, tick, x.data_ptr(), out.data_ptr(), None if rows is None else rows.data_ptr(),
+                               out.shape[1]):
+            raise MemoryError("the C decoder layer could not allocate memory (attention scores, or the tables of rows)")
         return out
+
+
+def checked_rows(rows, n: int) -> torch.Tensor:
+    """rows (a tensor or list of token indices, negative ones counted from the end, as in `x[:, rows]`) as the C
+    layer reads them: int64, contiguous, on the CPU, at most n of them. IndexError where one is not a token of n."""
+    rows = torch.as_tensor(rows).to("cpu", torch.int64).contiguous().view(-1)
+    if len(rows) and (rows.min() < -n or rows.max() >= n):
+        raise IndexError(f"rows {rows.tolist()} are not all indices of the tick's {n} tokens")
+    if len(rows) > n: raise IndexError(f"{len(rows)} rows asked of a tick of {n} tokens; the layer returns at most {n}")
+    return torch.where(rows < 0, rows + n, rows)
 
 # %% ../nbs/15_performance.ipynb #8ed8c56b
 def decode_kernel_backend(cfg, kv_dtype: torch.dtype, device: torch.device) -> CDecoderLayers:
@@ -1040,7 +1088,8 @@ def target_report(results_dir, workloads=("helios-30", "decode-16")) -> str:
         row("TTFT p95 (s)", "ttft_p95_s", 0.5, True)
         row("E2E p95 (s)", "e2e_p95_s", 1.0, True)
         chosen.append(f"{w}: " + ", ".join(r.engine for r in (helios, vllm, llama) if r is not None))
-    hs, vs = _startup_s(results, "helios"), _startup_s(results, "vllm-fp32")
+    vllm_startups = [s for p in results.glob("vllm*.startup.txt") if (s := _startup_s(results, p.name.split(".")[0]))]
+    hs, vs = _startup_s(results, "helios"), min(vllm_startups, default=None)  # the fastest-starting vLLM
     if hs is not None and vs is not None:
         lines.append(f"| – | start-up (s) | {hs:g} | {vs:g} | {_startup_s(results, 'llama-server')} | {hs / vs:.2g}× | – | ≤ 1× vLLM | "
                      f"{'yes' if hs <= vs else 'no'} |")

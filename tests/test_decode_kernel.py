@@ -94,6 +94,22 @@ def test_kernel_on_a_long_context_and_extreme_scores(threads):
 
 
 @needs_compiler
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 17, 23])
+def test_the_largest_score_is_found_in_the_vectors_and_in_the_tail(n, threads):
+    "One key far above the others, at every position of contexts that are and are not multiples of 8: a maximum that missed it would overflow exp."
+    backend = decode_kernel_backend(attention_config(2, 1, 8), torch.float32, CPU)
+    gen = torch.Generator().manual_seed(n)
+    batch = build_paged_batch(torch.tensor([[0]]), [n - 1], [1], 32)
+    q = torch.ones(1, 1, 2, 8)
+    for where in range(n):
+        k_pages, v_pages = torch.randn(1, 32, 1, 8, generator=gen) * 0.01, torch.randn(1, 32, 1, 8, generator=gen)
+        k_pages[0, where] = 100.0  # score 283 there, ~0 elsewhere
+        out = backend(q, k_pages, v_pages, batch)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, reference_attention(q, k_pages, v_pages, batch), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[0, 0, 0], v_pages[0, where, 0], atol=1e-5, rtol=1e-5)
+
+@needs_compiler
 def test_kernel_refuses_a_shape_it_was_not_built_for():
     backend = decode_kernel_backend(attention_config(4, 2, 16), torch.float32, CPU)
     q, k_pages, v_pages, batch = random_tick(0, 4, 1, 16, 8, decode_only=True)

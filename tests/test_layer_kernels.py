@@ -188,6 +188,59 @@ def test_one_call_per_layer_equals_the_ten_calls_bit_for_bit(cfg, page_size, thr
     assert torch.equal(logits, ten_logits) and torch.equal(pool.k, ten_pool.k) and torch.equal(pool.v, ten_pool.v)
 
 
+def packed_logits_at(model, backend, page_size: int, rows: list[int]) -> tuple[torch.Tensor, KVPool]:
+    "two_ticks' prefill tick with logits at rows only (the last layer runs on those): (logits [len(rows), vocab], pool)."
+    rng = random.Random(0)
+    prompts = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in (40, 21, 70)]
+    pool = KVPool(model.config, num_pages=3 * -(-40 // page_size), page_size=page_size, dtype=torch.float32, device="cpu")
+    tables = torch.randperm(pool.k.shape[1], generator=torch.Generator().manual_seed(1)).view(3, -1)
+    batch = build_paged_batch(tables, [0, 0, 0], [40, 21, 40], page_size)
+    ids = torch.tensor(prompts[0][:40] + prompts[1] + prompts[2][:40])
+    with torch.no_grad():
+        logits_at = torch.tensor(rows, dtype=torch.long)
+        return model(ids[None], batch.positions[None], PagedKV(pool, batch, backend), logits_at)[0], pool
+
+
+@needs_compiler
+@pytest.mark.parametrize("cfg", [tiny_qwen3(), tiny_llama(), tiny_qwen3(attention_bias=True, tie_word_embeddings=False),
+                                 tiny_llama(hidden_size=128, intermediate_size=48)],  # hidden > 2 x intermediate
+                         ids=["qwen3", "llama", "qwen3-qkv-bias", "llama-wide"])
+def test_the_last_layer_runs_only_on_the_rows_whose_logits_are_taken(cfg, threads):
+    "One call or ten: logits at some rows equal the full forward's at those rows bit for bit, the same K/V written."
+    torch.set_num_threads(2)
+    model = c_matmul_model(cfg)
+    fused = kernels_for(cfg)
+    ten_calls = CLayerKernels(fused.library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+    rows = [39, 60, 5, 100]  # the chunks' last tokens, out of order, and one inside the first chunk
+    for backend in (fused, ten_calls):
+        calls = count_calls(fused)
+        full, full_pool = packed_logits_at(model, backend, 16, list(range(101)))
+        some, pool = packed_logits_at(model, backend, 16, rows)
+        assert torch.equal(some, full[rows]) and torch.equal(pool.k, full_pool.k) and torch.equal(pool.v, full_pool.v)
+        if backend is fused:  # the last layer's call returned 4 rows: its last argument
+            assert [c[-1] for c in calls] == [101] * cfg.num_layers + [101] * (cfg.num_layers - 1) + [4]
+    with pytest.raises(IndexError, match="not all indices of the tick's 101 tokens"):
+        packed_logits_at(model, fused, 16, [3, 101])
+    with pytest.raises(IndexError, match="102 rows asked of a tick of 101 tokens"):
+        packed_logits_at(model, fused, 16, [0] * 102)
+    assert torch.equal(packed_logits_at(model, fused, 16, [-1, -62])[0], full[[100, 39]])  # as x[:, rows] counts
+    torch.testing.assert_close(packed_logits_at(model, batched_attention, 16, rows)[0], full[rows], atol=1e-4, rtol=1e-4)
+
+
+@needs_compiler
+def test_a_tick_that_samples_no_row_still_writes_every_k_and_v(threads):
+    "Prompt chunks that end no prompt: no logits, and on every path the pool holds what a full forward writes."
+    torch.set_num_threads(2)
+    cfg = tiny_qwen3()
+    model = c_matmul_model(cfg)
+    fused = kernels_for(cfg)
+    ten_calls = CLayerKernels(fused.library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads)
+    for backend in (fused, ten_calls, batched_attention):
+        _, full_pool = packed_logits_at(model, backend, 16, list(range(101)))
+        none, pool = packed_logits_at(model, backend, 16, [])
+        assert none.shape == (0, cfg.vocab_size)
+        assert torch.equal(pool.k, full_pool.k) and torch.equal(pool.v, full_pool.v) and pool.k.abs().sum() > 0
+
 @needs_compiler
 def test_layers_that_cannot_be_one_call_take_the_ten_calls():
     "float32 (oneDNN) projections, or a bias where decoder_layer has none: the ten calls, same logits as PyTorch."

@@ -27,10 +27,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
-        run_layer = getattr(kv, "run_layer", None)  # chapter 15: C for all of the layer but its matmuls
-        if run_layer is not None and (out := run_layer(self, x, cos, sin, kv)) is not None: return out
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)  # x: [B, T, hidden]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        "x: [B, T, hidden] -> [B, T, hidden], or [B, N, hidden] at the token indices `rows` [N] of T."
+        run_layer = getattr(kv, "run_layer", None)  # chapter 15: the layer in C
+        if run_layer is not None and (out := run_layer(self, x, cos, sin, kv, rows)) is not None: return out
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)  # every token: its K/V go to kv
+        if rows is not None: x = x[:, rows]                             # only these tokens go on
         return x + self.mlp(self.post_attention_layernorm(x))
 
 # %% ../../nbs/03_model.ipynb #ad07c26e
@@ -53,20 +56,21 @@ class CausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
                              persistent=False)
 
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
-        "Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden]."
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden], or [B, N, hidden] at the
+        indices `rows` [N] of T (the last layer computes only those)."""
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, kv)
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv, rows if i == last else None)
         return self.model.norm(x)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
         "Logits [B, T, vocab] for every token, or [B, N, vocab] at the indices `logits_at` [N] of T."
-        h = self.hidden_states(input_ids, positions, kv)
-        if logits_at is not None: h = h[:, logits_at]
-        return self.lm_head(h).float()
+        return self.lm_head(self.hidden_states(input_ids, positions, kv, rows=logits_at)).float()
 
     def fuse_projections(self) -> CausalLM:
         "Stack q/k/v and gate/up weights so each layer runs 4 matmuls instead of 7 (chapter 15)."
