@@ -294,12 +294,12 @@ def compare_table(runs: list[BenchRun]) -> str:
     "Side-by-side overall metrics; ratios are each run over the first (x > 1: more of that metric)."
     base = runs[0].metrics["overall"]
     names = [f"{r.engine}" for r in runs]
-    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |",
-             "|---" * (2 * len(runs)) + "|"]
+    row = lambda cells: "| " + " | ".join(cells) + " |"
+    lines = [row(["metric", *names, *(f"{n} / {names[0]}" for n in names[1:])]), "|---" * (2 * len(runs)) + "|"]
     for label, key in TABLE_ROWS:
         vals = [r.metrics["overall"].get(key) for r in runs]
         ratios = [(_fmt(v / base[key]) + "×") if (v is not None and base.get(key)) else "–" for v in vals[1:]]
-        lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in vals) + " | " + " | ".join(ratios) + " |")
+        lines.append(row([label, *map(_fmt, vals), *ratios]))
     return "\n".join(lines)
 
 

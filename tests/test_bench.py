@@ -114,3 +114,15 @@ def test_merge_takes_the_median_of_runs_made_apart(tiny_server, tmp_path):
                      "--engine", "another", "--out", str(other)).returncode == 0
     r = run_bench("--merge", paths[0], str(other))
     assert r.returncode != 0 and "one engine and workload" in r.stderr
+
+
+@pytest.mark.parametrize("engines", [["helios"], ["helios", "vllm-fp32-all"], ["helios", "vllm-fp32-all", "llama-server"]])
+def test_compare_table_rows_have_as_many_cells_as_its_header(engines):
+    "One run or several (the committed side-by-side results): every row of the markdown table has the header's cells."
+    from pathlib import Path
+    from helios.bench import compare_table, load_run
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    lines = compare_table([load_run(results / f"decode-16.{e}.json") for e in engines]).splitlines()
+    cells = lambda line: line.strip().strip("|").split("|")
+    assert len(cells(lines[0])) == 2 * len(engines) and all(len(cells(l)) == 2 * len(engines) for l in lines)
+    assert lines[0].split("|")[1].strip() == "metric" and all(c.strip() for c in cells(lines[0]))
