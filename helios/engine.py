@@ -166,7 +166,8 @@ class ModelRunner:
                                   [c.num_tokens for c in plan.chunks], self.page_size)
         input_ids = torch.tensor([t for c in plan.chunks for t in c.token_ids], device=self.device)
         sampling = torch.tensor([i for i, c in enumerate(plan.chunks) if c.samples], dtype=torch.long)
-        logits_at = batch.logits_indices[sampling].to(self.device)
+        every_token = len(sampling) == len(input_ids)  # a decode-only tick: all of them, in order, so no selection
+        logits_at = None if every_token else batch.logits_indices[sampling].to(self.device)
         logits = self.model(input_ids[None], batch.positions[None], PagedKV(self.kv, batch, self.backend), logits_at)
         return logits[0]
 

@@ -104,13 +104,15 @@ def test_rope_store_rotates_q_and_writes_k_and_v_to_their_slots(qk_norm, num_hea
 
 
 def packed_forward(model, backend, pool: KVPool, chunks: list[list[int]], starts: list[int],
-                   tables: torch.Tensor | None = None) -> torch.Tensor:
-    "One packed forward of chunks, sequence i's tokens from position starts[i], eight pages each -> logits [N, vocab]."
+                   tables: torch.Tensor | None = None, logits_at: list[int] | None = None) -> torch.Tensor:
+    """One packed forward of chunks, sequence i's tokens from position starts[i], eight pages each -> logits [N, vocab],
+    or [len(logits_at), vocab] at those token indices."""
     tables = torch.arange(len(chunks) * 8).view(len(chunks), 8) if tables is None else tables
     batch = build_paged_batch(tables, starts, [len(c) for c in chunks], pool.page_size)
     ids = torch.tensor([t for c in chunks for t in c])
+    at = None if logits_at is None else torch.tensor(logits_at, dtype=torch.long)
     with torch.no_grad():
-        return model(ids[None], batch.positions[None], PagedKV(pool, batch, backend))[0]
+        return model(ids[None], batch.positions[None], PagedKV(pool, batch, backend), at)[0]
 
 
 @needs_compiler
@@ -194,11 +196,8 @@ def packed_logits_at(model, backend, page_size: int, rows: list[int]) -> tuple[t
     prompts = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in (40, 21, 70)]
     pool = KVPool(model.config, num_pages=3 * -(-40 // page_size), page_size=page_size, dtype=torch.float32, device="cpu")
     tables = torch.randperm(pool.k.shape[1], generator=torch.Generator().manual_seed(1)).view(3, -1)
-    batch = build_paged_batch(tables, [0, 0, 0], [40, 21, 40], page_size)
-    ids = torch.tensor(prompts[0][:40] + prompts[1] + prompts[2][:40])
-    with torch.no_grad():
-        logits_at = torch.tensor(rows, dtype=torch.long)
-        return model(ids[None], batch.positions[None], PagedKV(pool, batch, backend), logits_at)[0], pool
+    chunks = [prompts[0][:40], prompts[1], prompts[2][:40]]
+    return packed_forward(model, backend, pool, chunks, [0, 0, 0], tables, logits_at=rows), pool
 
 
 @needs_compiler
@@ -240,6 +239,19 @@ def test_a_tick_that_samples_no_row_still_writes_every_k_and_v(threads):
         none, pool = packed_logits_at(model, backend, 16, [])
         assert none.shape == (0, cfg.vocab_size)
         assert torch.equal(pool.k, full_pool.k) and torch.equal(pool.v, full_pool.v) and pool.k.abs().sum() > 0
+
+
+@needs_compiler
+def test_a_decode_tick_asks_for_every_row_so_nothing_is_gathered(tiny_folder):
+    "Every row of a decode-only tick samples: the engine passes no rows, and the last layer runs as the others do."
+    loaded = load_model(tiny_folder, device="cpu")
+    if matmul_name(loaded.model) != "C, float16 weights": pytest.skip("the C matmul is not the default here")
+    tok = load_tokenizer(tiny_folder)
+    engine = decoding_engine(loaded.model, tok, tok.eos_token_ids, [[5 + i] * 20 for i in range(4)])
+    calls = count_calls(engine.runner.backend)
+    engine.step()
+    num_layers = loaded.model.config.num_layers
+    assert [(c[4], c[5]) for c in calls] == [(None, 4)] * num_layers  # rows NULL, m = all 4 rows, in every layer
 
 @needs_compiler
 def test_layers_that_cannot_be_one_call_take_the_ten_calls():
