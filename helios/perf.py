@@ -22,7 +22,8 @@ __all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'DE
            'CDecodeAttention', 'CLayerKernels', 'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul',
            'matmul_name', 'CDecoderLayers', 'checked_rows', 'decode_kernel_backend', 'choose_attention_backend',
            'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
-           'target_report']
+           'target_report', 'layer_weights_per_token', 'tokens_flops', 'request_flops', 'least_ttft_flops',
+           'work_floor_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -224,48 +225,90 @@ static float exp_shifted(float *s, int64_t n) {
     return total + sums4(sum, sum, sum, sum)[0];
 }
 
-/* One row's query heads of key/value heads h0..h1-1 attend to the row's first n tokens, page by page. */
-static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, int64_t n,
-                  int h0, int h1, float *out, int64_t page_size, float scale) {
-    float *scores = malloc(sizeof(float) * HEADS * n);   /* [HEADS, n]; rows of other heads unused */
+/* Tokens from start that one pass takes: at most TILE, within one page and the first n. A tile of keys or values is
+   8-24 KB for 1-3 key/value heads of 64: it stays in the L1 cache while every row of a block reads it. */
+#define TILE 32
+static inline int64_t tile_length(int64_t start, int64_t n, int64_t page_size) {
+    int64_t count = TILE < n - start ? TILE : n - start;
+    return count < page_size - start % page_size ? count : page_size - start % page_size;
+}
+
+/* Rows r = 0..R-1 of one sequence (a block) attend, each to the first lens[r] tokens of one page table: the query
+   heads of key/value heads h0..h1-1 score every token, then weigh the values, a tile at a time, every row of the
+   block against each tile. A row's arithmetic is the same in any block, alone or not. */
+static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, const int64_t *lens,
+                  int R, int h0, int h1, float *out, int64_t page_size, float scale) {
+    int64_t n = 0;
+    for (int r = 0; r < R; r++) n = lens[r] > n ? lens[r] : n;
+    float *scores = malloc(sizeof(float) * R * HEADS * (n ? n : 1));  /* row r: [HEADS, n] from r HEADS n; other heads' unused */
     if (!scores) return 1;
-    for (int64_t start = 0; start < n; start += page_size) {
-        const int64_t count = n - start < page_size ? n - start : page_size;
-        page_scores((const f8 *)q, k_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, scale,
-                    scores + start, n);
+    for (int64_t start = 0, count; start < n; start += count) {
+        count = tile_length(start, n, page_size);
+        const float *keys = k_pages + (table[start / page_size] * page_size + start % page_size) * TOKEN;
+        for (int r = 0; r < R; r++) {
+            const int64_t mine = lens[r] - start < count ? lens[r] - start : count;  /* row r's tokens of the tile */
+            if (mine > 0) page_scores((const f8 *)(q + r * HEADS * HEAD_DIM), keys, mine, h0, h1, scale,
+                                      scores + r * HEADS * n + start, n);
+        }
     }
-    float totals[HEADS];
-    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) totals[hq] = exp_shifted(scores + hq * n, n);
-    for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)out)[i] = (f8){0};
-    for (int64_t start = 0; start < n; start += page_size) {
-        const int64_t count = n - start < page_size ? n - start : page_size;
-        page_values(scores + start, n, v_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, (f8 *)out);
+    float totals[R][HEADS];
+    for (int r = 0; r < R; r++) {
+        for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) totals[r][hq] = exp_shifted(scores + (r * HEADS + hq) * n, lens[r]);
+        for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)(out + r * HEADS * HEAD_DIM))[i] = (f8){0};
     }
-    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {                   /* softmax's division, once per output */
-        const float scale = totals[hq] > 0.f ? 1.f / totals[hq] : 0.f;  /* no context (n = 0): zeros */
-        for (int c = 0; c < CHUNKS; c++) ((f8 *)out)[hq * CHUNKS + c] *= scale;
+    for (int64_t start = 0, count; start < n; start += count) {
+        count = tile_length(start, n, page_size);
+        const float *values = v_pages + (table[start / page_size] * page_size + start % page_size) * TOKEN;
+        for (int r = 0; r < R; r++) {
+            const int64_t mine = lens[r] - start < count ? lens[r] - start : count;
+            if (mine > 0) page_values(scores + r * HEADS * n + start, n, values, mine, h0, h1, (f8 *)(out + r * HEADS * HEAD_DIM));
+        }
     }
+    for (int r = 0; r < R; r++)
+        for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {                       /* softmax's division, once per output */
+            const float inverse = totals[r][hq] > 0.f ? 1.f / totals[r][hq] : 0.f;  /* no context (lens 0): zeros */
+            for (int c = 0; c < CHUNKS; c++) ((f8 *)(out + r * HEADS * HEAD_DIM))[hq * CHUNKS + c] *= inverse;
+        }
     free(scores);
     return 0;
 }
 
+/* Row r + 1 continues row r's block when it is the next token of the same sequence: one more token of context,
+   the same pages. */
+#define BLOCK_ROWS 16
+static int next_token(const int64_t *page_tables, int64_t table_stride, const int64_t *context_lens, int64_t r,
+                      int64_t page_size) {
+    if (context_lens[r + 1] != context_lens[r] + 1) return 0;
+    const int64_t *a = page_tables + r * table_stride, *b = a + table_stride;
+    for (int64_t p = 0; p < (context_lens[r + 1] + page_size - 1) / page_size; p++) if (a[p] != b[p]) return 0;
+    return 1;
+}
+
 /* Decode attention over pages. q, out: [rows, HEADS, HEAD_DIM]; k_pages, v_pages: one layer's
    [pages, page_size, KV_HEADS, HEAD_DIM]; page_tables: [rows, table_stride]; row r attends to its first
-   context_lens[r] tokens. Work items are rows, or slices of a row's heads when there are fewer rows than
+   context_lens[r] tokens. The consecutive tokens of a prompt chunk make blocks of up to BLOCK_ROWS rows; a decode
+   row is a block of one. Work items are blocks, or slices of a block's heads when there are fewer blocks than
    threads. Returns 0, or 1 if memory ran out. */
 int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
                            int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
                            int64_t page_size, float scale, int threads) {
     if (rows <= 0) return 0;
-    const int slices = rows >= threads ? 1 : (threads + rows - 1) / rows < KV_HEADS ? (threads + rows - 1) / rows : KV_HEADS;
+    int64_t *starts = malloc(sizeof(int64_t) * (rows + 1)), blocks = 0;  /* block b: rows starts[b]..starts[b + 1] - 1 */
+    if (!starts) return 1;
+    for (int64_t r = 0; r < rows; r++)
+        if (r == 0 || r - starts[blocks - 1] == BLOCK_ROWS || !next_token(page_tables, table_stride, context_lens, r - 1, page_size))
+            starts[blocks++] = r;
+    starts[blocks] = rows;
+    const int slices = blocks >= threads ? 1 : (threads + blocks - 1) / blocks < KV_HEADS ? (threads + blocks - 1) / blocks : KV_HEADS;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic) num_threads(threads) reduction(|:failed)
-    for (int64_t item = 0; item < rows * slices; item++) {
-        const int64_t r = item / slices, s = item % slices;
+    for (int64_t item = 0; item < blocks * slices; item++) {
+        const int64_t b = item / slices, s = item % slices, r = starts[b];
         const int h0 = s * KV_HEADS / slices, h1 = (s + 1) * KV_HEADS / slices;
-        failed |= attend(q + r * HEADS * HEAD_DIM, k_pages, v_pages, page_tables + r * table_stride, context_lens[r],
-                         h0, h1, out + r * HEADS * HEAD_DIM, page_size, scale);
+        failed |= attend(q + r * HEADS * HEAD_DIM, k_pages, v_pages, page_tables + r * table_stride, context_lens + r,
+                         (int)(starts[b + 1] - r), h0, h1, out + r * HEADS * HEAD_DIM, page_size, scale);
     }
+    free(starts);
     return failed;
 }
 """
@@ -1094,3 +1137,80 @@ def target_report(results_dir, workloads=("helios-30", "decode-16")) -> str:
         lines.append(f"| – | start-up (s) | {hs:g} | {vs:g} | {_startup_s(results, 'llama-server')} | {hs / vs:.2g}× | – | ≤ 1× vLLM | "
                      f"{'yes' if hs <= vs else 'no'} |")
     return "\n".join(lines + ["", "best configurations compared: " + "; ".join(chosen)])
+
+# %% ../nbs/15_performance.ipynb #c1da3abc
+def layer_weights_per_token(cfg) -> int:
+    "Weights a token is multiplied by in one decoder layer: q, k, v and o, and the MLP's gate, up and down."
+    return (cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+            + 3 * cfg.hidden_size * cfg.intermediate_size)
+
+
+def _context_sum(start: int, end: int) -> int:
+    "Sum of the context lengths (position + 1) of the tokens at positions start..end-1."
+    return (end * (end + 1) - start * (start + 1)) // 2
+
+
+def tokens_flops(cfg, start: int, count: int, sampled: int) -> int:
+    """The least arithmetic (FLOPs) of running `count` tokens of one sequence at positions start.., of which the last
+    `sampled` get logits: 2 per weight of every layer's matmuls, 2 per LM-head weight per sampled token, and
+    attention's two products (4 x heads x head_dim per token of context, per layer). The last layer needs only k
+    and v of a token that is not sampled. Norms, RoPE, SiLU, softmax and the embedding lookup are left out."""
+    if count <= 0: return 0
+    unsampled, per_layer = count - sampled, layer_weights_per_token(cfg)
+    kv_only = cfg.hidden_size * 2 * cfg.kv_size                      # the last layer, for a token not sampled
+    matmuls = cfg.num_layers * per_layer * count - (per_layer - kv_only) * unsampled
+    attention = 2 * cfg.q_size * (cfg.num_layers * _context_sum(start, start + count)
+                                  - _context_sum(start, start + unsampled))
+    return 2 * matmuls + 2 * cfg.vocab_size * cfg.hidden_size * sampled + 2 * attention
+
+
+def request_flops(cfg, prompt_tokens: int, output_tokens: int) -> int:
+    "Prefill (logits at the prompt's last token), then output_tokens - 1 decode steps (the last token is not fed back)."
+    return (tokens_flops(cfg, 0, prompt_tokens, 1)
+            + tokens_flops(cfg, prompt_tokens, output_tokens - 1, output_tokens - 1))
+
+
+def least_ttft_flops(cfg, prompt_lens: list[int], q: float, in_order: bool = False) -> float:
+    """Requests sent at once: the k-th first token needs at least k prompts prefilled: at least the k shortest, or,
+    for an engine that serves them in arrival order (FIFO, as Helios and vLLM do), the first k of prompt_lens. So
+    the q-th percentile of time to first token needs at least the q-th percentile (same interpolation as the
+    benchmark's, `helios.bench.pct`) of those cumulative prefill FLOPs."""
+    from itertools import accumulate
+    from helios.bench import pct
+    costs = [tokens_flops(cfg, 0, n, 1) for n in prompt_lens]
+    return pct(list(accumulate(costs if in_order else sorted(costs))), q)
+
+
+def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) -> str:
+    """For each target against vLLM: the least arithmetic it asks for, and the float32 matmul rate an engine would
+    need to meet it (for TTFT: in any order, and in arrival order), next to the rate Helios effectively ran at
+    (the same FLOPs over its time). The probe's rate, from the same run, heads the table."""
+    import json
+    from pathlib import Path
+    from helios.bench import load_run
+    results = Path(results_dir)
+    probe = json.loads((results / "probe.json").read_text())["matmul_flop_s"]
+    lines = [f"probe (a 1024 x 1024 float32 matmul in PyTorch, same run): {probe / 1e9:.0f} GFLOP/s", "",
+             "| workload | target | vLLM | Helios | least GFLOP | GFLOP/s needed | in arrival order: least GFLOP | "
+             "GFLOP/s needed | Helios's effective GFLOP/s |", "|---|---|---|---|---|---|---|---|---|"]
+    g = lambda flops: f"{flops / 1e9:,.0f}"
+    for w in workloads:
+        runs = {r.engine: r for r in map(load_run, sorted(results.glob(f"{w}.*.json")))}
+        helios, vllm = _best(runs, "helios"), _best(runs, "vllm")
+        if helios is None or vllm is None: continue
+        records = sorted(helios.records, key=lambda r: r.send_s)
+        if records[-1].send_s - records[0].send_s > 1.0:
+            raise ValueError(f"{w}: requests were not all sent at once; the TTFT bound assumes they were")
+        h, v = helios.metrics["overall"], vllm.metrics["overall"]
+        total = sum(request_flops(cfg, r.prompt_tokens, r.output_tokens) for r in records)
+        vllm_s, helios_s = h["output_tokens"] / v["output_tok_s"], h["output_tokens"] / h["output_tok_s"]
+        needed = total / (vllm_s / 2)
+        lines.append(f"| {w} | output tok/s ≥ 2× | {v['output_tok_s']:.3g} | {h['output_tok_s']:.3g} | {g(total)} | "
+                     f"{g(needed)} | {g(total)} | {g(needed)} | {g(total / helios_s)} |")
+        prompts = [r.prompt_tokens for r in records]
+        for q in (50, 95):
+            target_s, helios_ttft = 0.5 * v[f"ttft_p{q}_s"], h[f"ttft_p{q}_s"]
+            anyhow, fifo = least_ttft_flops(cfg, prompts, q), least_ttft_flops(cfg, prompts, q, in_order=True)
+            lines.append(f"| {w} | TTFT p{q} ≤ 0.5× | {v[f'ttft_p{q}_s']:.3g} | {helios_ttft:.3g} | {g(anyhow)} | "
+                         f"{g(anyhow / target_s)} | {g(fifo)} | {g(fifo / target_s)} | {g(fifo / helios_ttft)} |")
+    return "\n".join(lines)

@@ -110,6 +110,33 @@ def test_the_largest_score_is_found_in_the_vectors_and_in_the_tail(n, threads):
         torch.testing.assert_close(out[0, 0, 0], v_pages[0, where, 0], atol=1e-5, rtol=1e-5)
 
 @needs_compiler
+@pytest.mark.parametrize("page_size", [8, 16, 48, 256])
+def test_a_row_gives_the_same_bits_in_a_block_of_a_chunk_as_alone(page_size, threads):
+    """The kernel attends a chunk's consecutive tokens in blocks of up to 16 rows, tile by tile (32 tokens, split at
+    page ends). Every row must come out bit for bit as it does alone (a decode row): the engine's tokens may not
+    depend on how a prompt was chunked. The second sequence starts where the first ends, one token of context more,
+    on other pages: it must not join the first one's block."""
+    backend = decode_kernel_backend(attention_config(9, 3, 64), torch.float32, CPU)
+    gen = torch.Generator().manual_seed(page_size)
+    num_pages = 2 * pages_needed(120, page_size) + 2
+    k_pages, v_pages = (torch.randn(num_pages, page_size, 3, 64, generator=gen) for _ in "kv")
+    tables = torch.randperm(num_pages, generator=gen).view(2, -1)
+    starts, lens = [5, 45], [40, 37]  # rows 5..44 of one sequence, then 45..81 of another
+    batch = build_paged_batch(tables, starts, lens, page_size)
+    q = torch.randn(1, sum(lens), 9, 64, generator=gen)
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        together = backend(q, k_pages, v_pages, batch)
+        torch.testing.assert_close(together, reference_attention(q, k_pages, v_pages, batch), atol=1e-5, rtol=1e-5)
+        row = 0
+        for seq, (start, length) in enumerate(zip(starts, lens)):
+            for position in range(start, start + length):
+                alone = backend(q[:, row:row + 1], k_pages, v_pages, build_paged_batch(tables[seq:seq + 1], [position], [1], page_size))
+                assert torch.equal(alone[0, 0], together[0, row]), (seq, position)
+                row += 1
+
+
+@needs_compiler
 def test_kernel_refuses_a_shape_it_was_not_built_for():
     backend = decode_kernel_backend(attention_config(4, 2, 16), torch.float32, CPU)
     q, k_pages, v_pages, batch = random_tick(0, 4, 1, 16, 8, decode_only=True)
