@@ -273,14 +273,15 @@ static int attend(const float *q, const float *k_pages, const float *v_pages, co
     return 0;
 }
 
-/* Row r + 1 continues row r's block when it is the next token of the same sequence: one more token of context,
-   the same pages. */
+/* Row r joins the block that starts at row first when it is the next token of the same sequence: one more token
+   of context than row r - 1, and, for every page it reads, the page of the first row's table (the one the block
+   reads through). */
 #define BLOCK_ROWS 16
-static int next_token(const int64_t *page_tables, int64_t table_stride, const int64_t *context_lens, int64_t r,
-                      int64_t page_size) {
-    if (context_lens[r + 1] != context_lens[r] + 1) return 0;
-    const int64_t *a = page_tables + r * table_stride, *b = a + table_stride;
-    for (int64_t p = 0; p < (context_lens[r + 1] + page_size - 1) / page_size; p++) if (a[p] != b[p]) return 0;
+static int next_token(const int64_t *page_tables, int64_t table_stride, const int64_t *context_lens, int64_t first,
+                      int64_t r, int64_t page_size) {
+    if (context_lens[r] != context_lens[r - 1] + 1) return 0;
+    const int64_t *a = page_tables + first * table_stride, *b = page_tables + r * table_stride;
+    for (int64_t p = 0; p < (context_lens[r] + page_size - 1) / page_size; p++) if (a[p] != b[p]) return 0;
     return 1;
 }
 
@@ -296,7 +297,8 @@ int paged_decode_attention(const float *q, const float *k_pages, const float *v_
     int64_t *starts = malloc(sizeof(int64_t) * (rows + 1)), blocks = 0;  /* block b: rows starts[b]..starts[b + 1] - 1 */
     if (!starts) return 1;
     for (int64_t r = 0; r < rows; r++)
-        if (r == 0 || r - starts[blocks - 1] == BLOCK_ROWS || !next_token(page_tables, table_stride, context_lens, r - 1, page_size))
+        if (r == 0 || r - starts[blocks - 1] == BLOCK_ROWS
+            || !next_token(page_tables, table_stride, context_lens, starts[blocks - 1], r, page_size))
             starts[blocks++] = r;
     starts[blocks] = rows;
     const int slices = blocks >= threads ? 1 : (threads + blocks - 1) / blocks < KV_HEADS ? (threads + blocks - 1) / blocks : KV_HEADS;
@@ -1172,7 +1174,8 @@ def request_flops(cfg, prompt_tokens: int, output_tokens: int) -> int:
 
 def least_ttft_flops(cfg, prompt_lens: list[int], q: float, in_order: bool = False) -> float:
     """Requests sent at once: the k-th first token needs at least k prompts prefilled: at least the k shortest, or,
-    for an engine that serves them in arrival order (FIFO, as Helios and vLLM do), the first k of prompt_lens. So
+    for an engine that serves them in arrival order (FIFO, as Helios and vLLM do), the first k of prompt_lens (the
+    order they were sent in; requests sent within milliseconds may reach the server in another order). So
     the q-th percentile of time to first token needs at least the q-th percentile (same interpolation as the
     benchmark's, `helios.bench.pct`) of those cumulative prefill FLOPs."""
     from itertools import accumulate
@@ -1183,8 +1186,10 @@ def least_ttft_flops(cfg, prompt_lens: list[int], q: float, in_order: bool = Fal
 
 def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) -> str:
     """For each target against vLLM: the least arithmetic it asks for, and the float32 matmul rate an engine would
-    need to meet it (for TTFT: in any order, and in arrival order), next to the rate Helios effectively ran at
-    (the same FLOPs over its time). The probe's rate, from the same run, heads the table."""
+    need to meet it (for TTFT: in any order, and in arrival order; the time allowed grows by the spread of the
+    send times, so that the bound holds for a request sent last), next to the rate Helios effectively ran at
+    (the same FLOPs over its time). The probe's rate, from the same run, heads the table. No prompt prefix is
+    assumed cached: the workloads share none (llama-server reused 64 tokens, 3%, on decode-16)."""
     import json
     from pathlib import Path
     from helios.bench import load_run
@@ -1198,9 +1203,9 @@ def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) ->
         runs = {r.engine: r for r in map(load_run, sorted(results.glob(f"{w}.*.json")))}
         helios, vllm = _best(runs, "helios"), _best(runs, "vllm")
         if helios is None or vllm is None: continue
-        records = sorted(helios.records, key=lambda r: r.send_s)
-        if records[-1].send_s - records[0].send_s > 1.0:
-            raise ValueError(f"{w}: requests were not all sent at once; the TTFT bound assumes they were")
+        records = sorted((r for r in helios.records if r.ok), key=lambda r: r.send_s)  # the requests the metrics count
+        spread = records[-1].send_s - records[0].send_s  # a request sent this much later may show a shorter TTFT
+        if spread > 1.0: raise ValueError(f"{w}: requests were sent over {spread:.1f} s; the TTFT bound wants them at once")
         h, v = helios.metrics["overall"], vllm.metrics["overall"]
         total = sum(request_flops(cfg, r.prompt_tokens, r.output_tokens) for r in records)
         vllm_s, helios_s = h["output_tokens"] / v["output_tok_s"], h["output_tokens"] / h["output_tok_s"]
@@ -1209,7 +1214,7 @@ def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) ->
                      f"{g(needed)} | {g(total)} | {g(needed)} | {g(total / helios_s)} |")
         prompts = [r.prompt_tokens for r in records]
         for q in (50, 95):
-            target_s, helios_ttft = 0.5 * v[f"ttft_p{q}_s"], h[f"ttft_p{q}_s"]
+            target_s, helios_ttft = 0.5 * v[f"ttft_p{q}_s"] + spread, h[f"ttft_p{q}_s"]
             anyhow, fifo = least_ttft_flops(cfg, prompts, q), least_ttft_flops(cfg, prompts, q, in_order=True)
             lines.append(f"| {w} | TTFT p{q} ≤ 0.5× | {v[f'ttft_p{q}_s']:.3g} | {helios_ttft:.3g} | {g(anyhow)} | "
                          f"{g(anyhow / target_s)} | {g(fifo)} | {g(fifo / target_s)} | {g(fifo / helios_ttft)} |")

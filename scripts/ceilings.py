@@ -89,7 +89,9 @@ int32_t int_registers(int64_t iters, int threads, int bits) {
 #define ACC(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = a##i##0;
 #define STEP(i) { const __m256 b = _mm256_broadcast_ss(xk + i); a##i##0 = _mm256_fmadd_ps(b, w0, a##i##0); \
                   a##i##1 = _mm256_fmadd_ps(b, w1, a##i##1); }
-#define TOTAL(i) + a##i##0[0] + a##i##1[1]
+#define TOTAL(i) + lanes(a##i##0) + lanes(a##i##1)
+static inline float lanes(__m256 v) { return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]; }  /* all used */
+
 static float tile(const float *x, const void *w, int half) {
     ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5)
     for (int64_t k = 0; k < TK; k++) {
@@ -155,7 +157,7 @@ static float int8_tile(const int8_t *x, const uint8_t *w, const float *d, const 
         }
     }
     float total = 0;
-    for (int i = 0; i < IR; i++) total += f[i][0][0] + f[i][1][1];
+    for (int i = 0; i < IR; i++) total += lanes(f[i][0]) + lanes(f[i][1]);
     return total;
 }
 

@@ -137,6 +137,25 @@ def test_a_row_gives_the_same_bits_in_a_block_of_a_chunk_as_alone(page_size, thr
 
 
 @needs_compiler
+def test_a_block_reads_no_page_its_first_row_was_not_given(threads):
+    """A block of rows reads through its first row's page table. Here the first row's table holds only the page it
+    needs, and a wrong page after it: the rows that reach past that page must not join its block."""
+    backend = decode_kernel_backend(attention_config(9, 3, 64), torch.float32, CPU)
+    gen = torch.Generator().manual_seed(0)
+    k_pages, v_pages = (torch.randn(3, 8, 3, 64, generator=gen) for _ in "kv")
+    lens = torch.arange(5, 13)                                  # one sequence's tokens at positions 4..11
+    tables = torch.tensor([[0, 1]] * len(lens))
+    tables[0, 1] = 2                                            # row 0 sees 5 tokens: page 0 only
+    q = torch.randn(len(lens), 9, 64, generator=gen)
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        together = backend.decode(q, k_pages, v_pages, tables, lens)
+        for r in range(len(lens)):
+            alone = backend.decode(q[r:r + 1], k_pages, v_pages, tables[r:r + 1], lens[r:r + 1])
+            assert torch.equal(alone[0], together[r]), r
+
+
+@needs_compiler
 def test_kernel_refuses_a_shape_it_was_not_built_for():
     backend = decode_kernel_backend(attention_config(4, 2, 16), torch.float32, CPU)
     q, k_pages, v_pages, batch = random_tick(0, 4, 1, 16, 8, decode_only=True)
