@@ -225,92 +225,48 @@ static float exp_shifted(float *s, int64_t n) {
     return total + sums4(sum, sum, sum, sum)[0];
 }
 
-/* Tokens from start that one pass takes: at most TILE, within one page and the first n. A tile of keys or values is
-   8-24 KB for 1-3 key/value heads of 64: it stays in the L1 cache while every row of a block reads it. */
-#define TILE 32
-static inline int64_t tile_length(int64_t start, int64_t n, int64_t page_size) {
-    int64_t count = TILE < n - start ? TILE : n - start;
-    return count < page_size - start % page_size ? count : page_size - start % page_size;
-}
-
-/* Rows r = 0..R-1 of one sequence (a block) attend, each to the first lens[r] tokens of one page table: the query
-   heads of key/value heads h0..h1-1 score every token, then weigh the values, a tile at a time, every row of the
-   block against each tile. A row's arithmetic is the same in any block, alone or not. */
-static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, const int64_t *lens,
-                  int R, int h0, int h1, float *out, int64_t page_size, float scale) {
-    int64_t n = 0;
-    for (int r = 0; r < R; r++) n = lens[r] > n ? lens[r] : n;
-    float *scores = malloc(sizeof(float) * R * HEADS * (n ? n : 1));  /* row r: [HEADS, n] from r HEADS n; other heads' unused */
+/* One row's query heads of key/value heads h0..h1-1 attend to the row's first n tokens, page by page. */
+static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, int64_t n,
+                  int h0, int h1, float *out, int64_t page_size, float scale) {
+    float *scores = malloc(sizeof(float) * HEADS * n);   /* [HEADS, n]; rows of other heads unused */
     if (!scores) return 1;
-    for (int64_t start = 0, count; start < n; start += count) {
-        count = tile_length(start, n, page_size);
-        const float *keys = k_pages + (table[start / page_size] * page_size + start % page_size) * TOKEN;
-        for (int r = 0; r < R; r++) {
-            const int64_t mine = lens[r] - start < count ? lens[r] - start : count;  /* row r's tokens of the tile */
-            if (mine > 0) page_scores((const f8 *)(q + r * HEADS * HEAD_DIM), keys, mine, h0, h1, scale,
-                                      scores + r * HEADS * n + start, n);
-        }
+    for (int64_t start = 0; start < n; start += page_size) {
+        const int64_t count = n - start < page_size ? n - start : page_size;
+        page_scores((const f8 *)q, k_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, scale,
+                    scores + start, n);
     }
-    float totals[R][HEADS];
-    for (int r = 0; r < R; r++) {
-        for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) totals[r][hq] = exp_shifted(scores + (r * HEADS + hq) * n, lens[r]);
-        for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)(out + r * HEADS * HEAD_DIM))[i] = (f8){0};
+    float totals[HEADS];
+    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) totals[hq] = exp_shifted(scores + hq * n, n);
+    for (int i = h0 * GROUP * CHUNKS; i < h1 * GROUP * CHUNKS; i++) ((f8 *)out)[i] = (f8){0};
+    for (int64_t start = 0; start < n; start += page_size) {
+        const int64_t count = n - start < page_size ? n - start : page_size;
+        page_values(scores + start, n, v_pages + table[start / page_size] * page_size * TOKEN, count, h0, h1, (f8 *)out);
     }
-    for (int64_t start = 0, count; start < n; start += count) {
-        count = tile_length(start, n, page_size);
-        const float *values = v_pages + (table[start / page_size] * page_size + start % page_size) * TOKEN;
-        for (int r = 0; r < R; r++) {
-            const int64_t mine = lens[r] - start < count ? lens[r] - start : count;
-            if (mine > 0) page_values(scores + r * HEADS * n + start, n, values, mine, h0, h1, (f8 *)(out + r * HEADS * HEAD_DIM));
-        }
+    for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {                   /* softmax's division, once per output */
+        const float scale = totals[hq] > 0.f ? 1.f / totals[hq] : 0.f;  /* no context (n = 0): zeros */
+        for (int c = 0; c < CHUNKS; c++) ((f8 *)out)[hq * CHUNKS + c] *= scale;
     }
-    for (int r = 0; r < R; r++)
-        for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {                       /* softmax's division, once per output */
-            const float inverse = totals[r][hq] > 0.f ? 1.f / totals[r][hq] : 0.f;  /* no context (lens 0): zeros */
-            for (int c = 0; c < CHUNKS; c++) ((f8 *)(out + r * HEADS * HEAD_DIM))[hq * CHUNKS + c] *= inverse;
-        }
     free(scores);
     return 0;
 }
 
-/* Row r joins the block that starts at row first when it is the next token of the same sequence: one more token
-   of context than row r - 1, and, for every page it reads, the page of the first row's table (the one the block
-   reads through). */
-#define BLOCK_ROWS 16
-static int next_token(const int64_t *page_tables, int64_t table_stride, const int64_t *context_lens, int64_t first,
-                      int64_t r, int64_t page_size) {
-    if (context_lens[r] != context_lens[r - 1] + 1) return 0;
-    const int64_t *a = page_tables + first * table_stride, *b = page_tables + r * table_stride;
-    for (int64_t p = 0; p < (context_lens[r] + page_size - 1) / page_size; p++) if (a[p] != b[p]) return 0;
-    return 1;
-}
-
 /* Decode attention over pages. q, out: [rows, HEADS, HEAD_DIM]; k_pages, v_pages: one layer's
    [pages, page_size, KV_HEADS, HEAD_DIM]; page_tables: [rows, table_stride]; row r attends to its first
-   context_lens[r] tokens. The consecutive tokens of a prompt chunk make blocks of up to BLOCK_ROWS rows; a decode
-   row is a block of one. Work items are blocks, or slices of a block's heads when there are fewer blocks than
+   context_lens[r] tokens. Work items are rows, or slices of a row's heads when there are fewer rows than
    threads. Returns 0, or 1 if memory ran out. */
 int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
                            int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
                            int64_t page_size, float scale, int threads) {
     if (rows <= 0) return 0;
-    int64_t *starts = malloc(sizeof(int64_t) * (rows + 1)), blocks = 0;  /* block b: rows starts[b]..starts[b + 1] - 1 */
-    if (!starts) return 1;
-    for (int64_t r = 0; r < rows; r++)
-        if (r == 0 || r - starts[blocks - 1] == BLOCK_ROWS
-            || !next_token(page_tables, table_stride, context_lens, starts[blocks - 1], r, page_size))
-            starts[blocks++] = r;
-    starts[blocks] = rows;
-    const int slices = blocks >= threads ? 1 : (threads + blocks - 1) / blocks < KV_HEADS ? (threads + blocks - 1) / blocks : KV_HEADS;
+    const int slices = rows >= threads ? 1 : (threads + rows - 1) / rows < KV_HEADS ? (threads + rows - 1) / rows : KV_HEADS;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic) num_threads(threads) reduction(|:failed)
-    for (int64_t item = 0; item < blocks * slices; item++) {
-        const int64_t b = item / slices, s = item % slices, r = starts[b];
+    for (int64_t item = 0; item < rows * slices; item++) {
+        const int64_t r = item / slices, s = item % slices;
         const int h0 = s * KV_HEADS / slices, h1 = (s + 1) * KV_HEADS / slices;
-        failed |= attend(q + r * HEADS * HEAD_DIM, k_pages, v_pages, page_tables + r * table_stride, context_lens + r,
-                         (int)(starts[b + 1] - r), h0, h1, out + r * HEADS * HEAD_DIM, page_size, scale);
+        failed |= attend(q + r * HEADS * HEAD_DIM, k_pages, v_pages, page_tables + r * table_stride, context_lens[r],
+                         h0, h1, out + r * HEADS * HEAD_DIM, page_size, scale);
     }
-    free(starts);
     return failed;
 }
 """

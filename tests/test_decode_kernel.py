@@ -111,17 +111,17 @@ def test_the_largest_score_is_found_in_the_vectors_and_in_the_tail(n, threads):
 
 @needs_compiler
 @pytest.mark.parametrize("page_size", [8, 16, 48, 256])
-def test_a_row_gives_the_same_bits_in_a_block_of_a_chunk_as_alone(page_size, threads):
-    """The kernel attends a chunk's consecutive tokens in blocks of up to 16 rows, tile by tile (32 tokens, split at
-    page ends). Every row must come out bit for bit as it does alone (a decode row): the engine's tokens may not
-    depend on how a prompt was chunked. The second sequence starts where the first ends, one token of context more,
-    on other pages: it must not join the first one's block."""
+def test_a_row_gives_the_same_bits_in_a_chunk_as_alone(page_size, threads):
+    """Every row of a prompt chunk must come out bit for bit as it does alone (a decode row): a row's attention may
+    not depend on how its prompt was chunked, however a kernel shares work among a chunk's rows (chapter 15's
+    prediction log, row 18, tried blocks of rows). The second sequence starts where the first ends, one token of
+    context more, on other pages: a kernel that grouped consecutive rows must not group these."""
     backend = decode_kernel_backend(attention_config(9, 3, 64), torch.float32, CPU)
     gen = torch.Generator().manual_seed(page_size)
-    num_pages = 2 * pages_needed(120, page_size) + 2
+    num_pages = 2 * pages_needed(180, page_size) + 2
     k_pages, v_pages = (torch.randn(num_pages, page_size, 3, 64, generator=gen) for _ in "kv")
     tables = torch.randperm(num_pages, generator=gen).view(2, -1)
-    starts, lens = [5, 45], [40, 37]  # rows 5..44 of one sequence, then 45..81 of another
+    starts, lens = [100, 140], [40, 37]  # rows 100..139 of one sequence, then 140..176 of another: two tiles
     batch = build_paged_batch(tables, starts, lens, page_size)
     q = torch.randn(1, sum(lens), 9, 64, generator=gen)
     for n in (1, 2):
@@ -137,9 +137,10 @@ def test_a_row_gives_the_same_bits_in_a_block_of_a_chunk_as_alone(page_size, thr
 
 
 @needs_compiler
-def test_a_block_reads_no_page_its_first_row_was_not_given(threads):
-    """A block of rows reads through its first row's page table. Here the first row's table holds only the page it
-    needs, and a wrong page after it: the rows that reach past that page must not join its block."""
+def test_each_row_reads_through_its_own_page_table(threads):
+    """Rows of one sequence whose tables differ past the pages a row needs: here the first row's table holds only
+    the page it needs, then a wrong page. Every row must read through its own table (a kernel that grouped the rows
+    and read through the first one's would read the wrong page)."""
     backend = decode_kernel_backend(attention_config(9, 3, 64), torch.float32, CPU)
     gen = torch.Generator().manual_seed(0)
     k_pages, v_pages = (torch.randn(3, 8, 3, 64, generator=gen) for _ in "kv")
