@@ -22,8 +22,8 @@ __all__ = ['DECODE_ATTENTION_C', 'LAYER_OPS_C', 'KERNELS_C', 'MATMUL_F16_C', 'DE
            'CDecodeAttention', 'CLayerKernels', 'weight_panels', 'matmul_kernel', 'CHalfLinear', 'choose_matmul',
            'matmul_name', 'CDecoderLayers', 'checked_rows', 'decode_kernel_backend', 'choose_attention_backend',
            'backend_name', 'TickProfile', 'profile_ticks', 'sdpa_decode_attention', 'decoding_engine', 'matmul_weights',
-           'target_report', 'layer_weights_per_token', 'tokens_flops', 'request_flops', 'least_ttft_flops',
-           'work_floor_report']
+           'workload_runs', 'target_report', 'layer_weights_per_token', 'tokens_flops', 'request_flops',
+           'least_ttft_flops', 'work_floor_report']
 
 # %% ../nbs/15_performance.ipynb #4d96e686
 def weight_packing_available() -> bool:
@@ -1050,6 +1050,13 @@ def matmul_weights(model: nn.Module) -> tuple[int, int]:
     return count, size
 
 # %% ../nbs/15_performance.ipynb #e0def61e
+def workload_runs(results_dir, workload: str) -> dict:
+    "engine label -> BenchRun, for each `{workload}.{engine}.json` of a side-by-side run's results."
+    from pathlib import Path
+    from helios.bench import load_run
+    return {r.engine: r for r in map(load_run, sorted(Path(results_dir).glob(f"{workload}.*.json")))}
+
+
 def _best(runs: dict, prefix: str):
     "The run of the fastest configuration (by output tok/s) among engines whose label starts with prefix."
     mine = [r for name, r in runs.items() if name.startswith(prefix)]
@@ -1065,13 +1072,12 @@ def _startup_s(results, engine: str) -> float | None:
 def target_report(results_dir, workloads=("helios-30", "decode-16")) -> str:
     "Helios's best configuration against each peer's best, with the ratios the targets ask for."
     from pathlib import Path
-    from helios.bench import load_run
     results = Path(results_dir)
     chosen = []
     lines = ["| workload | metric | Helios | vLLM | llama-server | Helios / vLLM | Helios / llama | target | met |",
              "|---|---|---|---|---|---|---|---|---|"]
     for w in workloads:
-        runs = {r.engine: r for r in map(load_run, sorted(results.glob(f"{w}.*.json")))}
+        runs = workload_runs(results, w)
         helios, vllm, llama = _best(runs, "helios"), _best(runs, "vllm"), _best(runs, "llama")
         if helios is None: continue
         def row(label, key, target, better_low):
@@ -1113,7 +1119,9 @@ def tokens_flops(cfg, start: int, count: int, sampled: int) -> int:
     `sampled` get logits: 2 per weight of every layer's matmuls, 2 per LM-head weight per sampled token, and
     attention's two products (4 x heads x head_dim per token of context, per layer). The last layer needs only k
     and v of a token that is not sampled. Norms, RoPE, SiLU, softmax and the embedding lookup are left out."""
-    if count <= 0: return 0
+    if not 0 <= sampled <= count or start < 0:
+        raise ValueError(f"tokens_flops: {count} tokens from position {start} with {sampled} sampled; "
+                         "want 0 <= sampled <= count and start >= 0")
     unsampled, per_layer = count - sampled, layer_weights_per_token(cfg)
     kv_only = cfg.hidden_size * 2 * cfg.kv_size                      # the last layer, for a token not sampled
     matmuls = cfg.num_layers * per_layer * count - (per_layer - kv_only) * unsampled
@@ -1124,6 +1132,9 @@ def tokens_flops(cfg, start: int, count: int, sampled: int) -> int:
 
 def request_flops(cfg, prompt_tokens: int, output_tokens: int) -> int:
     "Prefill (logits at the prompt's last token), then output_tokens - 1 decode steps (the last token is not fed back)."
+    if prompt_tokens < 1 or output_tokens < 1:
+        raise ValueError(f"request_flops: {prompt_tokens} prompt and {output_tokens} output tokens; a request has at "
+                         "least one of each")
     return (tokens_flops(cfg, 0, prompt_tokens, 1)
             + tokens_flops(cfg, prompt_tokens, output_tokens - 1, output_tokens - 1))
 
@@ -1148,7 +1159,6 @@ def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) ->
     assumed cached: the workloads share none (llama-server reused 64 tokens, 3%, on decode-16)."""
     import json
     from pathlib import Path
-    from helios.bench import load_run
     results = Path(results_dir)
     probe = json.loads((results / "probe.json").read_text())["matmul_flop_s"]
     lines = [f"probe (a 1024 x 1024 float32 matmul in PyTorch, same run): {probe / 1e9:.0f} GFLOP/s", "",
@@ -1156,7 +1166,7 @@ def work_floor_report(results_dir, cfg, workloads=("helios-30", "decode-16")) ->
              "GFLOP/s needed | Helios's effective GFLOP/s |", "|---|---|---|---|---|---|---|---|---|"]
     g = lambda flops: f"{flops / 1e9:,.0f}"
     for w in workloads:
-        runs = {r.engine: r for r in map(load_run, sorted(results.glob(f"{w}.*.json")))}
+        runs = workload_runs(results, w)
         helios, vllm = _best(runs, "helios"), _best(runs, "vllm")
         if helios is None or vllm is None: continue
         records = sorted((r for r in helios.records if r.ok), key=lambda r: r.send_s)  # the requests the metrics count

@@ -241,16 +241,21 @@ def test_a_tick_that_samples_no_row_still_writes_every_k_and_v(threads):
         assert torch.equal(pool.k, full_pool.k) and torch.equal(pool.v, full_pool.v) and pool.k.abs().sum() > 0
 
 
+def four_decoding_rows(folder):
+    "An engine on the tiny model as the CPU default loads it (C matmuls), four requests all decoding; else skip."
+    loaded = load_model(folder, device="cpu")
+    if matmul_name(loaded.model) != "C, float16 weights": pytest.skip("the C matmul is not the default here")
+    tok = load_tokenizer(folder)
+    return decoding_engine(loaded.model, tok, tok.eos_token_ids, [[5 + i] * 20 for i in range(4)])
+
+
 @needs_compiler
 def test_a_decode_tick_asks_for_every_row_so_nothing_is_gathered(tiny_folder):
     "Every row of a decode-only tick samples: the engine passes no rows, and the last layer runs as the others do."
-    loaded = load_model(tiny_folder, device="cpu")
-    if matmul_name(loaded.model) != "C, float16 weights": pytest.skip("the C matmul is not the default here")
-    tok = load_tokenizer(tiny_folder)
-    engine = decoding_engine(loaded.model, tok, tok.eos_token_ids, [[5 + i] * 20 for i in range(4)])
+    engine = four_decoding_rows(tiny_folder)
     calls = count_calls(engine.runner.backend)
     engine.step()
-    num_layers = loaded.model.config.num_layers
+    num_layers = engine.runner.model.config.num_layers
     assert [(c[4], c[5]) for c in calls] == [(None, 4)] * num_layers  # rows NULL, m = all 4 rows, in every layer
 
 @needs_compiler
@@ -295,10 +300,7 @@ def test_a_tick_the_fused_layer_cannot_read_takes_the_ten_calls():
 @needs_compiler
 def test_the_profile_splits_a_fused_tick(tiny_folder):
     "profile_ticks on the CPU default: the fused layers' clocks give the matmul and attention parts."
-    loaded = load_model(tiny_folder, device="cpu")
-    if matmul_name(loaded.model) != "C, float16 weights": pytest.skip("the C matmul is not the default here")
-    tok = load_tokenizer(tiny_folder)
-    engine = decoding_engine(loaded.model, tok, tok.eos_token_ids, [[5 + i] * 20 for i in range(4)])
+    engine = four_decoding_rows(tiny_folder)
     assert isinstance(engine.runner.backend, CDecoderLayers)
     profile = profile_ticks(engine, ticks=3)
     assert profile.parts_ms["matmul"] > 0 and profile.parts_ms["attention"] > 0

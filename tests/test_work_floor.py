@@ -58,6 +58,16 @@ def test_a_request_is_its_prefill_and_its_decode_steps():
     assert tokens_flops(cfg, 3, 0, 0) == 0 and tokens_flops(cfg, 9, 2, 2) > tokens_flops(cfg, 3, 2, 2)  # longer context
 
 
+def test_counts_that_make_no_sense_are_errors():
+    cfg = tiny_llama()
+    for start, count, sampled in ((0, 3, 4), (0, 3, -1), (-1, 3, 1)):
+        with pytest.raises(ValueError, match="want 0 <= sampled <= count and start >= 0"):
+            tokens_flops(cfg, start, count, sampled)
+    for prompt, output in ((0, 5), (5, 0)):
+        with pytest.raises(ValueError, match="a request has at least one of each"):
+            request_flops(cfg, prompt, output)
+
+
 def test_the_least_work_behind_a_ttft_percentile():
     cfg = tiny_llama()
     cost = {n: tokens_flops(cfg, 0, n, 1) for n in (10, 20, 30)}
