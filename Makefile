@@ -1,5 +1,5 @@
 # The test command of the README: every notebook (the chapters' inline tests), then pytest.
-.PHONY: test test-nbs test-py export clean docs check-site readme
+.PHONY: test test-nbs test-py test-quick export clean docs check-site readme wheel
 
 test: test-nbs test-py
 
@@ -12,6 +12,14 @@ test-nbs:
 # pytest exits 5 when it collects nothing; that is a failure of the suite here, so it stays non-zero
 test-py:
 	pytest -q tests
+
+# the unit tests and everything not marked slow: a quick check while working
+test-quick:
+	pytest -q -m "not slow" tests
+
+# a wheel of the package, e.g. to upload next to a notebook on Colab (the install cell prefers it)
+wheel:
+	python -m pip wheel -q --no-deps -w dist .
 
 # notebooks are the source: write helios/ from them and strip notebook metadata
 export:

@@ -109,7 +109,7 @@ stop_servers() {
 trap stop_servers EXIT
 
 log "probing this machine's matmul rate and memory bandwidth"
-python -c "import json; from helios.bench import probe_machine, machine_info; \
+python -c "import json; from helios.bench.metrics import probe_machine, machine_info; \
 print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info()}))" > "$OUT/probe.json"
 
 port=$PORT

@@ -14,7 +14,7 @@ from typing import TextIO
 
 import torch
 
-from .config import ATTENTION_CHOICES
+from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
 from .server import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
@@ -46,8 +46,12 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--max-queue", type=int)
     p.add_argument("--prefix-cache-ttl-s", type=float)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
-    p.add_argument("--attention", choices=ATTENTION_CHOICES,
-                   help="CPU kernels (attention, layer ops, matmuls): auto (C where a C compiler builds them), c, torch [HELIOS_ATTENTION]")
+    p.add_argument("--attention", choices=(AUTO, *implementation_names("attention")),
+                   help="attention over the KV pages: auto (the best that runs here: C kernels on a CPU with a compiler) "
+                        "or a registered backend [HELIOS_ATTENTION]")
+    p.add_argument("--matmul", choices=(AUTO, *implementation_names("matmul")),
+                   help="the projections' matmuls: auto (the best that runs here: float16 weights in C or fbgemm on a CPU) "
+                        "or a registered implementation [HELIOS_MATMUL]")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser):
@@ -105,7 +109,7 @@ def _params(args) -> SamplingParams:
 
 
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "max_queue",
-               "prefix_cache_ttl_s", "enable_prefix_caching", "attention")
+               "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul")
 
 
 def _load(args, quiet: bool = False) -> LLM:
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
     try:
         if args.command == "bench":
-            from helios.bench import bench_main
+            from helios.bench.main import bench_main
             sys.exit(bench_main(args))
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":

@@ -12,10 +12,12 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .registry import AUTO, KINDS, check_choice
+
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'PAGE_SIZE', 'PREFILL_AGING_S', 'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION',
-           'ENV_PREFIX', 'ATTENTION_CHOICES', 'RopeScaling', 'ModelConfig', 'config_from_hf', 'load_hf_config',
-           'tiny_qwen3', 'tiny_llama', 'EngineConfig']
+           'ENV_PREFIX', 'RopeScaling', 'ModelConfig', 'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama',
+           'EngineConfig']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama")
@@ -139,7 +141,6 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30 # KV budget on CPU when none is given: 2 Gi
 DEFAULT_GPU_MEMORY_FRACTION = 0.90   # on GPU: this share of the memory left after loading weights
 
 ENV_PREFIX = "HELIOS_"
-ATTENTION_CHOICES = ("auto", "c", "torch")
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ class EngineConfig:
     max_queue: int = 1024              # requests waiting for admission before new ones are refused
     prefix_cache_ttl_s: float = 300.0  # an unused cached prefix page lives this long
     enable_prefix_caching: bool = True
-    attention: str = "auto"            # CPU kernels: auto (C where it builds), c, or torch (chapter 15)
+    attention: str = AUTO              # attention over the pages: auto, or a registered name (torch, c, ...)
+    matmul: str = AUTO                 # the projections' matmuls: auto, or a registered name (torch, onednn, ...)
 
     def __post_init__(self):
         for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue"):
@@ -162,8 +164,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if self.prefix_cache_ttl_s < 0:
             raise ValueError(f"prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")
-        if self.attention not in ATTENTION_CHOICES:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
+        for kind in KINDS: check_choice(kind, getattr(self, kind))  # the one place these settings are validated
 
     @classmethod
     def from_env(cls, environ=None, **overrides) -> EngineConfig:

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
 
@@ -19,9 +20,13 @@ import torch
 
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
-from .paged import KVPool, PagedKV, build_paged_batch, describe_budget, num_pages_for_budget, pages_needed
-from .perf import choose_attention_backend
-from .prefix_cache import PageManager, PrefixCache
+from .attention.base import AttentionBackend, PagedKV, Timer, choose_backend
+from .kv.batch import build_paged_batch
+from .kv.manager import PageManager
+from .kv.pages import pages_needed
+from .kv.pool import KVPool, describe_budget, num_pages_for_budget
+from .kv.prefix_cache import PrefixCache
+from .registry import Choice
 from .sampling import Completion, SamplingParams, TokenLogprobs, make_generator, sample_batch
 from .scheduler import QueueFull, Scheduler, Sequence, SeqStatus, TickPlan
 from .tokenizer import Tokenizer
@@ -137,11 +142,9 @@ class RequestHandle:
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
     "Packs a tick's tokens, runs one forward, returns logits where sequences sample."
-    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend=None,
-                 attention: str = "auto"):
-        self.model, self.kv, self.page_size = model, kv, kv.page_size
+    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend):
+        self.model, self.kv, self.page_size, self.backend = model, kv, kv.page_size, backend
         self.device = model.model.embed_tokens.weight.device
-        self.backend = backend or choose_attention_backend(model.config, kv.k.dtype, self.device, attention)
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long, device=self.device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self._row_of: dict[int, int] = {}
@@ -159,8 +162,8 @@ class ModelRunner:
         if row is not None: self._free_rows.append(row)
 
     @torch.inference_mode()
-    def run(self, plan: TickPlan) -> torch.Tensor:
-        "Logits [num sampling chunks, vocab] (float32), in plan order."
+    def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
+        "Logits [num sampling chunks, vocab] (float32), in plan order; timer: time attention (chapter 15)."
         rows = torch.tensor([self._row(c.seq) for c in plan.chunks], device=self.device)
         batch = build_paged_batch(self.page_table_buffer[rows], [c.start for c in plan.chunks],
                                   [c.num_tokens for c in plan.chunks], self.page_size)
@@ -168,7 +171,8 @@ class ModelRunner:
         sampling = torch.tensor([i for i, c in enumerate(plan.chunks) if c.samples], dtype=torch.long)
         every_token = len(sampling) == len(input_ids)  # a decode-only tick: all of them, in order, so no selection
         logits_at = None if every_token else batch.logits_indices[sampling].to(self.device)
-        logits = self.model(input_ids[None], batch.positions[None], PagedKV(self.kv, batch, self.backend), logits_at)
+        kv = PagedKV(self.kv, batch, self.backend, timer)
+        logits = self.model(input_ids[None], batch.positions[None], kv, logits_at, run_layer=self.backend.run_layer)
         return logits[0]
 
 # %% ../nbs/11_engine.ipynb #fc8dcb72
@@ -224,10 +228,15 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     return DEFAULT_CPU_KV_CACHE_BYTES
 
 
+def _untimed(part: str) -> nullcontext:
+    "The timer of an untimed tick: times nothing."
+    return nullcontext()
+
+
 class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
-                 config: EngineConfig, num_pages: int, backend=None):
+                 config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None):
         cfg = model.config
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         weights = model.model.embed_tokens.weight
@@ -236,7 +245,12 @@ class Engine:
         self.pages = PageManager(num_pages, config.page_size, cache)
         self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
-        self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend, config.attention)
+        # the attention backend: the one given, else the best registered one for config.attention (chapter 08)
+        self.attention_choice: Choice | None = None
+        if backend is None:
+            self.attention_choice = choose_backend(cfg, weights.dtype, weights.device, config.attention)
+            backend = self.attention_choice.value
+        self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -342,13 +356,14 @@ class Engine:
         req.metrics.num_output_tokens = sum(len(c.token_ids) for c in req.completions)
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, req.seqs[0].num_cached_tokens, req.metrics)
 
-    def step(self) -> bool:
-        "One tick. Returns False when there was nothing to do."
+    def step(self, timer: Timer | None = None) -> bool:
+        "One tick. Returns False when there was nothing to do. timer: time the tick's parts (chapter 15)."
+        part = timer or _untimed
         self._drain_inbox()
         now = time.monotonic()
         self.pages.expire(now)
         waiting_before = len(self.scheduler.waiting)
-        plan = self.scheduler.schedule(now)
+        with part("scheduling"): plan = self.scheduler.schedule(now)
         admitted = waiting_before - len(self.scheduler.waiting)
         if admitted:
             with self._lock: self._num_queued -= admitted
@@ -359,9 +374,9 @@ class Engine:
             req = self._seq_owner[chunk.seq.seq_id][0]
             if req.metrics.first_scheduled_s is None: req.metrics.first_scheduled_s = now
         try:
-            logits = self.runner.run(plan)
+            with part("forward"): logits = self.runner.run(plan, timer)
             self.scheduler.on_computed(plan, time.monotonic())
-            self._sample_and_emit(plan, logits)
+            with part("sampling and streaming"): self._sample_and_emit(plan, logits)
         except Exception:
             self._fail(plan, traceback.format_exc(limit=3))
         self._counters["num_ticks"] += 1

@@ -19,7 +19,6 @@ from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine import Engine, EngineStats, RequestHandle, RequestOutput
-from .perf import backend_name, matmul_name
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -28,7 +27,7 @@ from .weights import LoadedModel, load_model
 _T = TypeVar("_T")
 
 # %% auto #0
-__all__ = ['on_fresh_thread', 'LLM']
+__all__ = ['on_fresh_thread', 'matmul_summary', 'LLM']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -44,6 +43,11 @@ def on_fresh_thread(fn: Callable[[], _T]) -> _T:
     return box["result"]
 
 # %% ../nbs/12_llm.ipynb #cce1acd6
+def matmul_summary(loaded: LoadedModel) -> str:
+    "How the start-up line names the model's matmuls."
+    return loaded.matmul.implementation.summary if loaded.matmul else "PyTorch"
+
+
 class LLM:
     "Load a model once, then generate, chat or stream through the continuous-batching engine."
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
@@ -51,18 +55,18 @@ class LLM:
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
-                 quiet: bool = False):
+                 matmul: str | None = None, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
-            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention)
+            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul)
         loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
             print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
-                  f"attention: {backend_name(self.engine.runner.backend)}; matmuls: {matmul_name(loaded.model)}",
+                  f"attention: {self.engine.runner.backend.name}; matmuls: {matmul_summary(loaded)}",
                   file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
@@ -71,7 +75,7 @@ class LLM:
 
     def _build(self, model, dtype, device) -> tuple[LoadedModel, Tokenizer, Engine]:
         "The model, its tokenizer and an engine whose KV pool fills the budget (run on a short-lived thread)."
-        loaded = load_model(model, dtype=dtype, device=device, kernels=self.engine_config.attention)
+        loaded = load_model(model, dtype=dtype, device=device, matmul=self.engine_config.matmul)
         tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         eos = tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
         return loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos, self.engine_config)

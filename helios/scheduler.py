@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .config import PREFILL_AGING_S, EngineConfig
-from .prefix_cache import PageManager, prompt_block_hashes
+from .kv.manager import PageManager
+from .kv.prefix_cache import prompt_block_hashes
 
 # %% auto #0
 __all__ = ['AGED_PREFILL_SHARE', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan', 'RequestTooLarge', 'QueueFull',

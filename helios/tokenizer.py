@@ -15,7 +15,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers, processors
 
-from .weights import GGUFFile, gguf_field
+from .formats.gguf import GGUFFile, gguf_field
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT', 'LLAMA3_SPLIT', 'QWEN2_SPLIT', 'CONTROL_TOKEN', 'USER_DEFINED_TOKEN', 'PRE_TOKENIZERS',

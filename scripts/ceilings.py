@@ -1,11 +1,11 @@
-"""How fast this CPU can multiply, by instruction and by kernel (chapter 15, "The arithmetic ceiling").
+"""How fast this CPU can multiply, by instruction and by kernel (the Benchmarks page, "The arithmetic ceiling").
 
 Prints, at one thread and at --threads, the rate of:
 
 * a loop of FMA instructions on registers only (12 independent 8-float accumulators, no loads): the peak
   the floating-point units reach when nothing else is asked of them;
 * a 6-row x 16-output register tile over 256 values of k that stay in the L1 cache, the tile the C
-  matmul of chapter 15 uses (float32 and float16 weights): the peak of a matmul's inner loop, loads
+  matmul of appendix 92 uses (float32 and float16 weights): the peak of a matmul's inner loop, loads
   and broadcasts included, without any cache miss;
 * the integer tile llama.cpp's kind of kernel would use: 3 rows x 16 outputs, 4-bit weights (as GGUF Q4_1
   stores them) times int8 activations, scales applied per block of 32, in L1;
@@ -30,7 +30,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from helios.perf import build_library, matmul_kernel, weight_panels
+from helios.kernels.build import build_library, kernel_cache_dir
+from helios.kernels.matmul import matmul_kernel, weight_panels
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -256,7 +257,10 @@ int matmul_q4_i16(const float *x, int64_t M, int64_t K, const int16_t *wq, const
 
 
 def load_library():
-    lib = ctypes.CDLL(str(build_library(SOURCE, require_openmp=True)))
+    folder = kernel_cache_dir() / "ceilings"  # the measurement's own C, built like Helios's kernels
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ceilings.c").write_text(SOURCE)
+    lib = ctypes.CDLL(str(build_library(("ceilings.c",), require_openmp=True, folder=folder)))
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.fma_registers.argtypes, lib.fma_registers.restype = [i64, i32], ctypes.c_float
     lib.int_registers.argtypes, lib.int_registers.restype = [i64, i32, i32], ctypes.c_int32

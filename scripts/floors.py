@@ -1,6 +1,6 @@
 """How far batch-1 decode and a long prefill are from this machine's floor (chapter 15's floor cell, as a script).
 
-Probes the machine (`helios.bench.probe_machine`: a large float32 matmul, a 64 MiB copy), then runs one
+Probes the machine (`helios.bench.metrics.probe_machine`: a large float32 matmul, a read of 256 MiB), then runs one
 request alone through an engine driven by hand on this thread: 128 prompt tokens and 64 new ones (decode
 rate), then a 2,048-token prompt and one new token (prefill rate). The decode floor is the weight bytes a
 step reads over the measured bandwidth; the prefill floor is the matmul rate over 2 FLOPs per weight.
@@ -14,11 +14,12 @@ import os
 import torch
 
 from helios import SamplingParams
-from helios.bench import floors, probe_machine, real_text
+from helios.bench.flops import matmul_weights
+from helios.bench.metrics import floors, probe_machine
+from helios.bench.workloads import real_text
 from helios.config import EngineConfig
 from helios.engine import Engine
-from helios.paged import pages_needed
-from helios.perf import matmul_weights
+from helios.kv.pages import pages_needed
 from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from helios.kv_cache import generate_without_cache, stream_tokens
+from helios.reference import generate_without_cache, stream_tokens
 from helios.weights import load_model
 
 

@@ -1,13 +1,14 @@
-"""Where the time of one decode tick goes: the engine of chapter 11 ("before") and today's ("after").
+"""Where the time of one decode tick goes: PyTorch's plain path ("before") and the CPU defaults ("after").
 
-Loads the default model twice (plain, and fused + pre-packed), starts 16 requests of 128 prompt tokens
-each in an engine driven by hand, and profiles decode ticks with `helios.perf.profile_ticks` (chapter
-15). The two A/B modes time blocks of ticks of two engines in turn, so that the machine's drift hits
+Loads the default model twice (unpacked float32 weights with whole-page SDPA attention, and the CPU defaults),
+starts 16 requests of 128 prompt tokens each in an engine driven by hand, and profiles decode ticks with
+`helios.profiler.profile_ticks` (chapter 15). The two A/B modes time blocks of ticks of two engines in turn, so that the machine's drift hits
 both alike, and check that both engines produced the same tokens: `--compare-weights` loads the model
 with exact float32 weights and with the CPU default (float16-stored weights); `--compare-attention`
-runs the default model with PyTorch's attention (`batched_attention`), with the C attention kernel alone
-(`CDecodeAttention`, every token a row), and with the C kernels for attention and the rest of the layer in ten calls
-(`CLayerKernels`); `--compare-layers` runs the ten calls against one C call per layer (`CDecoderLayers`, the default).
+runs the default model with PyTorch's attention (`BatchedAttention`), with the C attention kernel alone
+(every token a row, PyTorch's layers), and with the C kernels for attention and the rest of the layer in ten calls
+(`CKernels(..., one_call_layers=False)`); `--compare-layers` runs the ten calls against one C call per layer
+(`CKernels`, the default; appendix 92).
 Usage:
 
     python scripts/profile_tick.py [--threads 2] [--batch 16] [--prompt-tokens 128] [--ticks 10] [--only after]
@@ -17,7 +18,7 @@ Usage:
     python scripts/profile_tick.py --compare-matmul [--prefill] [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
     python scripts/profile_tick.py --compare-layers [--prefill] [--threads 2] [--batch 16] [--ticks 8] [--rounds 4]
 
-`--compare-matmul` loads the default model twice, with fbgemm's float16-weight matmul (`kernels="torch"`) and with
+`--compare-matmul` loads the default model twice, with fbgemm's float16-weight matmul (`matmul="fbgemm"`) and with
 the C one (`CHalfLinear`, the default), both running the C layer kernels.
 
 With --prefill, each block is the prefill of args.batch fresh prompts (default chunk of 512 tokens per tick), so the
@@ -29,11 +30,28 @@ import time
 
 import torch
 
-from helios.bench import real_text
-from helios.paged import batched_attention
-from helios.perf import CDecodeAttention, CLayerKernels, decode_kernel_backend, decoding_engine, profile_ticks, sdpa_decode_attention
+from helios.attention.base import AttentionBackend
+from helios.attention.reference import BatchedAttention
+from helios.bench.workloads import real_text
+from helios.kernels.attention import CKernels, c_kernels
+from helios.profiler import SdpaDecodeAttention, decoding_engine, profile_ticks
 from helios.tokenizer import load_tokenizer
 from helios.weights import LoadedModel, load_model
+
+CPU = torch.device("cpu")
+
+
+class AttentionOnly(AttentionBackend):
+    "The C decode kernel alone: PyTorch's layers, their attention through the kernels' paged_decode_attention."
+    name = "C decode kernel"
+    def __init__(self, kernels: CKernels): self.kernels = kernels
+    def __call__(self, q, k_pages, v_pages, batch): return self.kernels(q, k_pages, v_pages, batch)
+
+
+def ten_calls(kernels: CKernels) -> CKernels:
+    "The same library without the one-call layers: ten calls per layer."
+    num_heads, num_kv_heads, head_dim = kernels.shape
+    return CKernels(kernels.library, head_dim, num_heads, num_kv_heads, one_call_layers=False)
 
 
 def decoding(loaded: LoadedModel, args, backend=None):
@@ -52,7 +70,7 @@ def before_and_after(args):
     for name in ("before", "after"):
         if args.only and name != args.only: continue
         loaded = load_model(optimize=name == "after")
-        engine = decoding(loaded, args, sdpa_decode_attention if name == "before" else None)
+        engine = decoding(loaded, args, SdpaDecodeAttention() if name == "before" else None)
         profile = profile_ticks(engine, ticks=args.ticks)
         print(f"\n## {name} (load average {os.getloadavg()[0]:.2f})\n{profile.table()}")
 
@@ -63,8 +81,8 @@ def compare_weights(args):
 
 
 def compare_matmul(args):
-    models = {"fbgemm matmuls": load_model(kernels="torch"), "C matmuls": load_model()}
-    backend = decode_kernel_backend(models["C matmuls"].config, torch.float32, torch.device("cpu"))
+    models = {"fbgemm matmuls": load_model(matmul="fbgemm"), "C matmuls": load_model()}
+    backend = c_kernels(models["C matmuls"].config, torch.float32, CPU)
     if args.prefill:
         compare_prefill({name: prefilling(loaded, args, backend) for name, loaded in models.items()}, args)
     else:
@@ -73,20 +91,15 @@ def compare_matmul(args):
 
 def compare_attention(args):
     loaded = load_model()
-    kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
-    num_heads, num_kv_heads, head_dim = kernels.shape
-    attention_only = CDecodeAttention(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
-    ten_calls = CLayerKernels(kernels.library, head_dim, num_heads, num_kv_heads)
-    compare_backends(loaded, {"batched_attention": batched_attention, "C decode kernel": attention_only,
-                              "C kernels (ten calls)": ten_calls}, args)
+    kernels = c_kernels(loaded.config, torch.float32, CPU)
+    compare_backends(loaded, {"batched_attention": BatchedAttention(), "C decode kernel": AttentionOnly(kernels),
+                              "C kernels (ten calls)": ten_calls(kernels)}, args)  # one library
 
 
 def compare_layers(args):
     loaded = load_model()
-    kernels = decode_kernel_backend(loaded.config, torch.float32, torch.device("cpu"))
-    num_heads, num_kv_heads, head_dim = kernels.shape
-    ten_calls = CLayerKernels(kernels.library, head_dim, num_heads, num_kv_heads)  # same library
-    compare_backends(loaded, {"ten calls per layer": ten_calls, "one call per layer": kernels}, args)
+    kernels = c_kernels(loaded.config, torch.float32, CPU)
+    compare_backends(loaded, {"ten calls per layer": ten_calls(kernels), "one call per layer": kernels}, args)
 
 
 def compare_backends(loaded: LoadedModel, backends: dict, args):
@@ -101,7 +114,7 @@ def prefilling(loaded: LoadedModel, args, backend):
     "A function that prefills args.batch fresh prompts of args.prompt_tokens tokens in a new engine, tick by tick."
     from helios.config import EngineConfig
     from helios.engine import Engine
-    from helios.paged import pages_needed
+    from helios.kv.pages import pages_needed
     from helios.sampling import SamplingParams
     tok = load_tokenizer(loaded.path, loaded.gguf_reader)
     ids, n = tok.encode(real_text()), args.prompt_tokens

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import real_text  # noqa: E402  (the same real-text source the tests use)
 
 from helios import LLM, SamplingParams  # noqa: E402
-from helios.kv_cache import generate  # noqa: E402
+from helios.reference import generate  # noqa: E402
 
 
 def main():

@@ -45,7 +45,7 @@ def smollm2_gguf() -> Path:
 
 
 def real_text() -> str:
-    from helios.bench import real_text as text
+    from helios.bench.workloads import real_text as text
     return text()
 
 

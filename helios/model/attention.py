@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig, RopeScaling
-from .layers import RMSNorm, fused_linear
+from .layers import RMSNorm
 
 # %% auto #0
 __all__ = ['rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'causal_mask', 'sdpa_attention', 'Attention']
@@ -77,9 +77,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx, self.num_heads, self.num_kv_heads, self.head_dim = (
             layer_idx, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.q_size, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        # q, k and v read the same input: one [q | k | v] matrix, one matmul (rows: q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -87,22 +87,11 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        "x: [B, T, hidden] -> q [B, T, Hq, D], k and v [B, T, Hkv, D]; one matmul once fused."
+        "x: [B, T, hidden] -> q [B, T, Hq, D], k and v [B, T, Hkv, D], from one matmul."
         B, T, _ = x.shape
-        if hasattr(self, "qkv_proj"):
-            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return (q.view(B, T, self.num_heads, self.head_dim), k.view(B, T, self.num_kv_heads, self.head_dim),
                 v.view(B, T, self.num_kv_heads, self.head_dim))
-
-    @torch.no_grad()
-    def fuse(self) -> Attention:
-        "Replace q/k/v_proj by one qkv_proj (chapter 15): one matmul instead of three, same numbers."
-        self.qkv_proj = fused_linear(self.q_proj, self.k_proj, self.v_proj)
-        del self.q_proj, self.k_proj, self.v_proj
-        return self
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
         B, T, _ = x.shape                                               # x: [B, T, hidden]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # %% auto #0
-__all__ = ['RMSNorm', 'SwiGLUMLP', 'fused_linear', 'LMHead']
+__all__ = ['RMSNorm', 'SwiGLUMLP', 'LMHead']
 
 # %% ../../nbs/01_layers.ipynb #d5a727a8
 class RMSNorm(nn.Module):
@@ -29,37 +29,15 @@ class RMSNorm(nn.Module):
 
 # %% ../../nbs/01_layers.ipynb #94c85562
 class SwiGLUMLP(nn.Module):
-    "down(silu(gate(x)) * up(x)), no biases."
+    "down(silu(gate(x)) * up(x)), no biases; the gate and up weights are one [gate | up] matrix."
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)  # rows: gate, then up
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., hidden] -> [..., hidden]
-        if hasattr(self, "gate_up_proj"):
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # one matmul: [..., 2 * intermediate]
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # one matmul: [..., 2 * intermediate]
         return self.down_proj(F.silu(gate) * up)
-
-    @torch.no_grad()
-    def fuse(self) -> SwiGLUMLP:
-        "Replace gate_proj and up_proj by one gate_up_proj: one matmul instead of two, same numbers."
-        self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
-        del self.gate_proj, self.up_proj
-        return self
-
-# %% ../../nbs/01_layers.ipynb #bdb93e57
-def fused_linear(*linears: nn.Linear) -> nn.Linear:
-    "One Linear whose output is the outputs of `linears` side by side (their weights stacked by rows)."
-    first = linears[0]
-    with torch.device("meta"):
-        fused = nn.Linear(first.in_features, sum(l.out_features for l in linears), bias=first.bias is not None)
-    fused.weight = nn.Parameter(torch.cat([l.weight for l in linears]), requires_grad=False)
-    if first.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([l.bias for l in linears]), requires_grad=False)
-    return fused
 
 # %% ../../nbs/01_layers.ipynb #5ced0c69
 class LMHead(nn.Module):

@@ -15,7 +15,8 @@ from .attention import Attention, rope_cos_sin, rope_inv_freq
 from .layers import LMHead, RMSNorm, SwiGLUMLP
 
 # %% auto #0
-__all__ = ['DecoderLayer', 'DecoderStack', 'CausalLM', 'model_from_state_dict']
+__all__ = ['STACKED_PROJECTIONS', 'DecoderLayer', 'call_layer', 'DecoderStack', 'CausalLM', 'stack_projections',
+           'model_from_state_dict']
 
 # %% ../../nbs/03_model.ipynb #18c4d054
 class DecoderLayer(nn.Module):
@@ -30,11 +31,15 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         "x: [B, T, hidden] -> [B, T, hidden], or [B, N, hidden] at the token indices `rows` [N] of T."
-        run_layer = getattr(kv, "run_layer", None)  # chapter 15: the layer in C
-        if run_layer is not None and (out := run_layer(self, x, cos, sin, kv, rows)) is not None: return out
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)  # every token: its K/V go to kv
         if rows is not None: x = x[:, rows]                             # only these tokens go on
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def call_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+    "The default layer runner: the layer's own PyTorch forward."
+    return layer(x, cos, sin, kv, rows)
 
 # %% ../../nbs/03_model.ipynb #ad07c26e
 class DecoderStack(nn.Module):
@@ -57,27 +62,22 @@ class CausalLM(nn.Module):
                              persistent=False)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
-                      rows: torch.Tensor | None = None) -> torch.Tensor:
+                      rows: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         """Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden], or [B, N, hidden] at the
-        indices `rows` [N] of T (the last layer computes only those)."""
+        indices `rows` [N] of T (the last layer computes only those). `run_layer(layer, x, cos, sin, kv, rows)`
+        runs each layer (None: `call_layer`, the layer's own forward)."""
+        run_layer = run_layer or call_layer
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         x = self.model.embed_tokens(input_ids)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv, rows if i == last else None)
+            x = run_layer(layer, x, cos, sin, kv, rows if i == last else None)
         return self.model.norm(x)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         "Logits [B, T, vocab] for every token, or [B, N, vocab] at the indices `logits_at` [N] of T."
-        return self.lm_head(self.hidden_states(input_ids, positions, kv, rows=logits_at)).float()
-
-    def fuse_projections(self) -> CausalLM:
-        "Stack q/k/v and gate/up weights so each layer runs 4 matmuls instead of 7 (chapter 15)."
-        for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
-        return self
+        return self.lm_head(self.hidden_states(input_ids, positions, kv, logits_at, run_layer)).float()
 
 # %% ../../nbs/03_model.ipynb #c79bf653
 def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
@@ -86,12 +86,32 @@ def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
     return state_dict
 
 
+STACKED_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                       "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    "The checkpoint's separate q/k/v and gate/up tensors (weights and biases) stacked by rows into our modules."
+    out = dict(state_dict)
+    for name in state_dict:
+        for stacked, parts in STACKED_PROJECTIONS.items():
+            first = f".{parts[0]}."
+            if first not in name: continue
+            prefix, suffix = name.split(first)                  # "model.layers.3", "weight"
+            names = [f"{prefix}.{part}.{suffix}" for part in parts]
+            missing = [n for n in names if n not in out]
+            if missing: raise RuntimeError(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))} "
+                                           f"(stacked with {names[0]!r} into {stacked})")
+            out[f"{prefix}.{stacked}.{suffix}"] = torch.cat([out.pop(n) for n in names])
+    return out
+
+
 def model_from_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> CausalLM:
     "A `CausalLM` that adopts the given tensors (their dtype and device) without initialising."
     with torch.device("meta"):
         model = CausalLM(cfg)
     if cfg.tie_word_embeddings: model.lm_head.weight = None  # not a tensor of its own: re-tied below
-    model.load_state_dict(_dropped_tied_head(cfg, state_dict), strict=True, assign=True)
+    model.load_state_dict(stack_projections(_dropped_tied_head(cfg, state_dict)), strict=True, assign=True)
     if cfg.tie_word_embeddings: model.lm_head.weight = model.model.embed_tokens.weight
     device = model.model.embed_tokens.weight.device
     model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
