@@ -13,7 +13,8 @@
 # (`helios bench --merge`). Idle servers do not compete: none of the three spins while it waits.
 #
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
-# computes on every core instead of keeping one for its scheduler), WORKLOADS (helios-30 decode-16), THREADS (2),
+# computes on every core instead of keeping one for its scheduler; helios-base: Helios at the commit BASE_REV,
+# from a git worktree, to check a change against the code before it in the same run), WORKLOADS (helios-30 decode-16), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -118,6 +119,13 @@ for engine in $ENGINES; do
     helios)
       start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
+    helios-base)
+      rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
+      base=$PEERS/helios-$rev
+      [ -d "$base" ] || git -C "$REPO" worktree add --detach "$base" "$rev" > /dev/null
+      start_server "helios-$rev" "$port" "helios serve at $rev --threads $THREADS --max-batch-size 32" \
+        env PYTHONPATH="$base" python -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
+        serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
     vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
       # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)

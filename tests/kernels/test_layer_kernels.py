@@ -378,7 +378,7 @@ def count_run_layer(backend: CKernels, ran: list):
 @needs_compiler
 def test_the_cpu_default_c_everywhere_gives_the_tokens_of_pytorch_on_the_same_weights(tiny_folder):
     """dtype='auto': float16 weights through the C matmul and the C layers, against the same weights through fbgemm and
-    PyTorch's layers (attention='torch'). How far float16 weights are from float32 ones: tests/test_parity.py."""
+    PyTorch's layers (attention='torch'). How far float16 weights are from float32 ones: tests/integration/test_parity.py."""
     if not half_weights_available(): pytest.skip("this PyTorch build has no fbgemm float16-weight linear to compare with")
     rng = random.Random(2)
     prompts = [[rng.randrange(512) for _ in range(n)] for n in (3, 17, 64, 130)]
