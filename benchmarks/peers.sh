@@ -72,7 +72,11 @@ build_llama_server() {
     pip download -q --no-deps --no-binary :all: llama-cpp-python -d "$src"
     tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
     local cpp=$(ls -d "$src"/llama_cpp_python-*/vendor/llama.cpp)
-    cmake -S "$cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_UI=OFF \
+    # LLAMA_CMAKE_FLAGS: the CPU features to build for. -DGGML_NATIVE=ON (-march=native) by default; on a VM that lists
+    # AMX in /proc/cpuinfo without enabling it the native build dies with "Illegal instruction": name the features
+    # instead, e.g. "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+    # shellcheck disable=SC2086
+    cmake -S "$cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release ${LLAMA_CMAKE_FLAGS:--DGGML_NATIVE=ON} -DLLAMA_BUILD_UI=OFF \
           -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF > "$src/cmake.log"
     cmake --build "$src/build" --target llama-server -j "$(nproc)" > "$src/build.log"
     mkdir -p "$PEERS/bin" && cp "$src/build/bin/llama-server" "$PEERS/bin/"
@@ -119,12 +123,12 @@ for engine in $ENGINES; do
     helios)
       start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
-    helios-base)
+    helios-base)  # python -P: the working directory (perhaps this repository, the code under test) is not searched
       rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
       base=$PEERS/helios-$rev
       [ -d "$base" ] || git -C "$REPO" worktree add --detach "$base" "$rev" > /dev/null
       start_server "helios-$rev" "$port" "helios serve at $rev --threads $THREADS --max-batch-size 32" \
-        env PYTHONPATH="$base" python -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
+        env PYTHONPATH="$base" python -P -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
         serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
     vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
