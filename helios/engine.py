@@ -26,7 +26,6 @@ from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.pool import KVPool, describe_budget, num_pages_for_budget
 from .kv.prefix_cache import PrefixCache
-from .registry import Choice
 from .sampling import Completion, SamplingParams, TokenLogprobs, make_generator, sample_batch
 from .scheduler import QueueFull, Scheduler, Sequence, SeqStatus, TickPlan
 from .tokenizer import Tokenizer
@@ -245,11 +244,9 @@ class Engine:
         self.pages = PageManager(num_pages, config.page_size, cache)
         self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
-        # the attention backend: the one given, else the best registered one for config.attention (chapter 08)
-        self.attention_choice: Choice | None = None
-        if backend is None:
-            self.attention_choice = choose_backend(cfg, weights.dtype, weights.device, config.attention)
-            backend = self.attention_choice.value
+        # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
+        # a fallback from a backend meant for this machine was warned about when it was chosen
+        if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
         self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
         self._inbox: queue.Queue = queue.Queue()
