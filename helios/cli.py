@@ -17,7 +17,8 @@ import torch
 from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
-from .server import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
+from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
+from .server.edge import DEFAULT_MAX_REQUEST_BYTES
 
 # %% auto #0
 __all__ = ['ENGINE_ARGS', 'build_parser', 'run_generate', 'run_chat', 'main']
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
     srv.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' [HELIOS_API_KEY]")
     srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)))
+    srv.add_argument("--max-request-bytes", type=lambda v: int(float(v)),
+                     default=int(float(_env("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES))),
+                     help="refuse larger bodies with 413 [HELIOS_MAX_REQUEST_BYTES]")
+    srv.add_argument("--public-metrics", action="store_true", default=_env("PUBLIC_METRICS", "") == "1",
+                     help="with --api-key: serve /metrics without the key [HELIOS_PUBLIC_METRICS=1]")
     srv.add_argument("--log-level", default="warning")
     _add_model_args(srv); _add_engine_args(srv)
     bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)")
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None):
             sys.exit(bench_main(args))
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
-            settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key)
+            settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
+                                      args.max_request_bytes, args.public_metrics)
             serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)

@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/engine.html.md"""
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -26,9 +27,12 @@ from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.pool import KVPool, describe_budget, num_pages_for_budget
 from .kv.prefix_cache import PrefixCache
-from .sampling import Completion, SamplingParams, TokenLogprobs, make_generator, sample_batch
-from .scheduler import QueueFull, Scheduler, Sequence, SeqStatus, TickPlan
+from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, TokenLogprobs, draw_uniforms, make_generator,
+                             pick_tokens, sample_seed)
+from .scheduler import QueueFull, Scheduler, Sequence, TickPlan
 from .tokenizer import Tokenizer
+
+_log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'StreamEvent', 'RequestHandle', 'ModelRunner',
@@ -65,7 +69,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None             # "stop", "length" or "cancelled"
+    finish_reason: str | None             # "stop", "length", "cancelled", or "abort" (ended by shutdown)
     logprobs: list[TokenLogprobs] | None = None
 
 
@@ -109,10 +113,16 @@ class RequestHandle:
         self._events: queue.Queue[StreamEvent] = queue.Queue()
         self.output: RequestOutput | None = None
         self.error: str | None = None
+        self._notify_failed = False
 
     def _push(self, event: StreamEvent):
+        "Deliver one event (on the engine thread); a notify callback that raises is logged, never passed on."
         self._events.put(event)
-        if self._notify: self._notify()
+        if self._notify is None: return
+        try: self._notify()
+        except Exception:
+            if not self._notify_failed: _log.warning("request %s: its notify callback raised", self.request_id, exc_info=True)
+            self._notify_failed = True
 
     def events(self, timeout: float | None = None) -> Iterator[StreamEvent]:
         "Every event until the final one (inclusive)."
@@ -207,6 +217,8 @@ class EngineStats:
     num_waiting: int
     num_requests_finished: int
     num_requests_cancelled: int
+    num_requests_aborted: int     # ended by shutdown() when its grace ran out
+    num_requests_failed: int      # ended with an error
     num_prompt_tokens: int
     num_generated_tokens: int
     num_ticks: int
@@ -232,6 +244,12 @@ def _untimed(part: str) -> nullcontext:
     return nullcontext()
 
 
+def _attempt(fn: Callable, *args):
+    "fn(*args), or the exception it raised: how one request's step fails without failing its neighbours'."
+    try: return fn(*args)
+    except Exception as e: return e
+
+
 class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
@@ -251,15 +269,15 @@ class Engine:
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._num_queued = 0                      # accepted, not yet admitted (guarded by _lock)
+        self._num_submitted = 0                   # sequences in the inbox, not yet taken in (guarded by _lock)
         self._requests: dict[str, _Request] = {}  # engine thread only
         self._seq_owner: dict[int, tuple[_Request, int]] = {}
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_prompt_tokens=0,
-                              num_generated_tokens=0, num_ticks=0)
+        self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
+                              num_requests_failed=0, num_prompt_tokens=0, num_generated_tokens=0, num_ticks=0)
         self._stats = self._snapshot()
 
     @classmethod
@@ -273,21 +291,25 @@ class Engine:
     # ---- the caller's side (any thread) ----
     def submit(self, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,
                request_id: str | None = None, notify: Callable[[], None] | None = None) -> RequestHandle:
-        "Validate and queue a request; raises ValueError (bad input, too large) or QueueFull."
+        "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
         validate_prompt(prompt_ids, self.model.config.vocab_size)
         validate_logit_bias(params, self.model.config.vocab_size)
         self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
-        with self._lock:
-            if self._stopping: raise EngineError("the engine is shutting down")
-            if self._num_queued + params.n > self.config.max_queue:
-                raise QueueFull(f"the wait list is full ({self.config.max_queue} sequences); retry shortly")
-            self._num_queued += params.n
         request_id = request_id or f"req-{next(self._ids)}"
         handle = RequestHandle(request_id, notify)
-        metrics = RequestMetrics(time.monotonic(), len(prompt_ids))
-        self._inbox.put(("add", _Request(request_id, prompt, list(prompt_ids), params, handle, metrics)))
+        req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)))
+        with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's "abort"
+            if self._stopping: raise EngineError("the engine is shutting down")
+            if self._num_queued() + params.n > self.config.max_queue:
+                raise QueueFull(f"the wait list is full ({self.config.max_queue} sequences); retry shortly")
+            self._num_submitted += params.n
+            self._inbox.put(("add", req))
         self._wakeup.set()
         return handle
+
+    def _num_queued(self) -> int:
+        "Sequences waiting: in the inbox or on the scheduler's wait list (a length read is safe from any thread)."
+        return self._num_submitted + len(self.scheduler.waiting)
 
     def cancel(self, request_id: str):
         "Stop a request at the next tick and free its pages (a no-op if it already ended)."
@@ -307,38 +329,59 @@ class Engine:
                            c("hit_tokens"), len(self.scheduler.running), len(self.scheduler.waiting),
                            **self._counters)
 
-    def _accept(self, req: _Request):
-        req.seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
-                             req.metrics.arrival_s, self.config.page_size) for _ in range(req.params.n)]
-        for i, seq in enumerate(req.seqs):
-            seed = None if req.params.seed is None else req.params.seed + i  # n seeded samples differ
-            req.completions.append(Completion(req.params, self.tokenizer, self.eos_token_ids))
-            req.generators.append(make_generator(seed, self.runner.device))
-            self._seq_owner[seq.seq_id] = (req, i)
+    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
+        "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
+        n, seed = req.params.n, req.params.seed
+        seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
+                         req.metrics.arrival_s, self.config.page_size) for _ in range(n)]
+        completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
+        generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
+        return seqs, completions, generators
+
+    def _enqueue(self, req: _Request):
+        "Build a request's state and put its sequences on the wait list; if anything raises, nothing of it stays."
+        seqs, completions, generators = self._build(req)
+        self.scheduler.add(seqs)  # all or none; the queue bound was checked by submit()
+        req.seqs, req.completions, req.generators = seqs, completions, generators
         self._requests[req.request_id] = req
-        self.scheduler.add(req.seqs)  # cannot fail: submit() checked the fit and the queue bound
+        for i, seq in enumerate(seqs): self._seq_owner[seq.seq_id] = (req, i)
+
+    def _accept(self, req: _Request):
+        "Take in a submitted request: onto the wait list, or, if building it raises, ended alone with an error."
+        failure = _attempt(self._enqueue, req)
+        with self._lock: self._num_submitted -= req.params.n  # out of the inbox count exactly once, either way
+        if isinstance(failure, Exception): self._fail_request(req, "accepting it", failure)
 
     def _drain_inbox(self):
         while True:
             try: kind, item = self._inbox.get_nowait()
             except queue.Empty: return
             if kind == "add": self._accept(item)
+            elif kind == "abort":
+                for req in list(self._requests.values()): self._end(req, finish_reason="abort")
             elif item in self._requests: self._end(self._requests[item], finish_reason="cancelled")
 
     def _end(self, req: _Request, finish_reason: str | None = None, error: str | None = None):
         "Release every sequence of a request and send its final event."
         now = time.monotonic()
         for seq, completion in zip(req.seqs, req.completions):
-            if seq.status is SeqStatus.WAITING:
-                with self._lock: self._num_queued -= 1
             self._retire(seq, now)
             if not completion.finished: completion.finish_reason = finish_reason or "cancelled"
         req.metrics.finished_s = now
-        self._requests.pop(req.request_id, None)
+        if self._requests.get(req.request_id) is req: del self._requests[req.request_id]
         self._counters["num_requests_finished"] += 1
         self._counters["num_requests_cancelled"] += finish_reason == "cancelled"
+        self._counters["num_requests_aborted"] += finish_reason == "abort"
+        self._counters["num_requests_failed"] += error is not None
         self._stats = self._snapshot()  # whoever sees the request end also sees its pages released
         req.handle._push(StreamEvent(-1, "", [], None, None if error else self._output(req), error))
+
+    def _fail_request(self, req: _Request, stage: str, exc: Exception):
+        "One request's own step raised: end it alone, with an error that says where and what."
+        message = f"the engine failed while {stage}: {type(exc).__name__}: {str(exc)[:300]}"
+        _log.warning("request %s: %s", req.request_id, message)
+        _log.debug("request %s failed here:", req.request_id, exc_info=exc)
+        self._end(req, error=message)
 
     def _retire(self, seq: Sequence, now: float):
         self.scheduler.finish(seq, now)
@@ -359,11 +402,7 @@ class Engine:
         self._drain_inbox()
         now = time.monotonic()
         self.pages.expire(now)
-        waiting_before = len(self.scheduler.waiting)
         with part("scheduling"): plan = self.scheduler.schedule(now)
-        admitted = waiting_before - len(self.scheduler.waiting)
-        if admitted:
-            with self._lock: self._num_queued -= admitted
         if not plan:
             self._stats = self._snapshot()
             return False
@@ -380,30 +419,54 @@ class Engine:
         self._stats = self._snapshot()
         return True
 
+    def _sample(self, logits: torch.Tensor, chunks: list, owners: list) -> list[SampledToken | Exception]:
+        "Each sampling row's token, or the exception its own sampling raised."
+        params = [req.params for req, _ in owners]
+        seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
+        generated = [c.seq.output_ids for c in chunks]
+        # each row draws its number alone; picking is then a pure function of the logits and the draws
+        draws = [_attempt(draw_uniforms, [req.params], [req.generators[i]], logits.device) for req, i in owners]
+        rows = [r for r, d in enumerate(draws) if not isinstance(d, Exception)]
+
+        def pick(rs: list[int]) -> list[SampledToken]:
+            picked = logits if len(rs) == len(chunks) else logits[rs]
+            return pick_tokens(picked, [params[r] for r in rs], [draws[r][0] for r in rs],
+                               [seen[r] for r in rs], [generated[r] for r in rs])
+
+        tokens = _attempt(pick, rows) if rows else []
+        if isinstance(tokens, Exception):  # some row raised: retry row by row, so only the rows that raise fail
+            tokens = [_attempt(lambda r: pick([r])[0], r) for r in rows]
+        out = list(draws)
+        for r, token in zip(rows, tokens): out[r] = token
+        return out
+
     def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor):
         self._counters["num_prompt_tokens"] += sum(c.num_tokens for c in plan.chunks if c.start < c.seq.num_prompt_tokens)
         chunks = [c for c in plan.chunks if c.samples]
         if not chunks: return
         owners = [self._seq_owner[c.seq.seq_id] for c in chunks]
-        params = [req.params for req, _ in owners]
-        gens = [req.generators[i] for req, i in owners]
-        seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
-        generated = [c.seq.output_ids for c in chunks]
-        sampled = sample_batch(logits, params, gens, seen, generated)
+        sampled = self._sample(logits, chunks, owners)
         now = time.monotonic()
         for chunk, (req, i), token in zip(chunks, owners, sampled):
+            if chunk.seq.seq_id not in self._seq_owner: continue  # its request already ended during this tick
+            if isinstance(token, Exception):
+                self._fail_request(req, "sampling its next token", token)
+                continue
             chunk.seq.output_ids.append(token.token_id)
             self._counters["num_generated_tokens"] += 1
             if req.metrics.first_token_s is None: req.metrics.first_token_s = now
             completion = req.completions[i]
-            delta = completion.append(token)
+            delta = _attempt(completion.append, token)  # detokenizing and the stop rules
+            if isinstance(delta, Exception):
+                self._fail_request(req, "turning its tokens into text", delta)
+                continue
             req.handle._push(StreamEvent(i, delta, [token.token_id], token.logprobs))
             if completion.finished:
                 self._retire(chunk.seq, now)
                 if req.finished: self._end(req)
 
     def _fail(self, plan: TickPlan, message: str):
-        "The forward or sampling raised: fail the requests of this tick, keep serving the rest."
+        "The forward raised: fail the requests of this tick, keep serving the rest."
         failed = {self._seq_owner[c.seq.seq_id][0].request_id: self._seq_owner[c.seq.seq_id][0]
                   for c in plan.chunks if c.seq.seq_id in self._seq_owner}
         for req in failed.values():
@@ -417,28 +480,32 @@ class Engine:
             self._thread.start()
         return self
 
+    def _busy(self) -> bool: return self.scheduler.has_work or not self._inbox.empty()
+
     def _loop(self):
-        while not self._stopping or self.scheduler.has_work or not self._inbox.empty():
+        while not self._stopping or self._busy():
             try:
                 busy = self.step()
-            except Exception:  # a bug outside the forward: fail everything running, keep the thread alive
+            except Exception:  # a bug outside any one request: fail everything running, keep the thread alive
                 traceback.print_exc()
-                for req in list(self._requests.values()): self._end(req, error="internal engine error")
+                for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
                 busy = False
             if not busy:
                 self._wakeup.wait(0.05)
                 self._wakeup.clear()
 
     def shutdown(self, grace_s: float = 0.0):
-        "Refuse new requests, let running ones finish for up to grace_s, cancel the rest, stop the thread."
+        "Refuse new requests, let running ones finish for up to grace_s, end the rest as \"abort\", stop the thread."
         with self._lock: self._stopping = True
         deadline = time.monotonic() + grace_s
-        while self._thread and self.scheduler.has_work and time.monotonic() < deadline: time.sleep(0.01)
-        for request_id in list(self._requests): self.cancel(request_id)
+        while self._thread and self._busy() and time.monotonic() < deadline: time.sleep(0.01)
+        self._inbox.put(("abort", None))  # behind every request submitted before _stopping was set
         self._wakeup.set()
-        if self._thread and self._thread is not threading.current_thread():  # (a finalizer may run on it)
+        if self._thread is None:
+            self._drain_inbox()  # driven by step(): the caller's thread is the engine thread
+        elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
             self._thread.join(timeout=30)
-            self._thread = None
+            if not self._thread.is_alive(): self._thread = None
 
 # %% ../nbs/11_engine.ipynb #d6fcdd5a
 def validate_prompt(prompt_ids: list[int], vocab_size: int):
@@ -451,7 +518,7 @@ def validate_prompt(prompt_ids: list[int], vocab_size: int):
 
 
 def validate_logit_bias(params: SamplingParams, vocab_size: int):
-    "Raise ValueError if logit_bias names a token the vocabulary does not have."
+    "Raise InvalidParam (a ValueError) if logit_bias names a token the vocabulary does not have."
     bad = [t for t, _ in params.logit_bias if t >= vocab_size]
     if bad:
-        raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")

@@ -133,7 +133,7 @@ class LLM:
     def stats(self) -> EngineStats: return self.engine.stats()
 
     def close(self):
-        "Stop the engine thread (pending requests are cancelled); safe to call twice."
+        "Stop the engine thread (requests still pending end with finish_reason 'abort'); safe to call twice."
         self._finalizer()
         atexit.unregister(self._finalizer)
 

@@ -7,6 +7,8 @@ Docs: https://helios-engine.github.io/helios/sampling.html.md"""
 # %% ../nbs/07_sampling.ipynb #3782284d
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -16,25 +18,107 @@ import torch
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # %% auto #0
-__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SHORT_LIST', 'SamplingParams', 'TokenLogprobs', 'SampledToken', 'make_generator',
-           'apply_penalties', 'sample_batch', 'StopStrings', 'Completion']
+__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SEED_RANGE', 'GREEDY_BELOW_TEMPERATURE', 'SHORT_LIST', 'InvalidParam', 'SamplingParams',
+           'TokenLogprobs', 'SampledToken', 'make_generator', 'sample_seed', 'apply_penalties', 'draw_uniforms',
+           'pick_tokens', 'sample_batch', 'StopStrings', 'Completion']
 
 # %% ../nbs/07_sampling.ipynb #7b942158
-MAX_LOGPROBS = 20  # as OpenAI's top_logprobs
+MAX_LOGPROBS = 20                 # as OpenAI's top_logprobs
 MAX_N = 16
+SEED_RANGE = (-2**63, 2**64 - 1)  # inclusive: what torch.Generator.manual_seed accepts
+GREEDY_BELOW_TEMPERATURE = 1e-5   # a positive temperature below this samples as greedy (see below)
 
 
-def _check(ok: bool, message: str):
-    if not ok: raise ValueError(message)
+class InvalidParam(ValueError):
+    "A sampling parameter outside what the engine can use; `.param` names it as an OpenAI or vLLM user spells it."
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _check(ok: bool, param: str, message: str):
+    if not ok: raise InvalidParam(param, message)
+
+
+def _shown(value, limit: int = 60) -> str:
+    "repr(value), cut short: a hostile value may be a megabyte long."
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _is_integer(value) -> bool: return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite(value) -> float | None:
+    "value as a float if it is a finite real number (not a bool), else None."
+    if not isinstance(value, numbers.Real) or isinstance(value, bool): return None
+    try: number = float(value)
+    except OverflowError: return None  # an int beyond float range
+    return number if math.isfinite(number) else None
+
+
+def _real(name: str, value, ok, rule: str) -> float:
+    "A float field, checked: a finite number for which ok(number) holds; rule says which ones do."
+    number = _finite(value)
+    _check(number is not None and ok(number), name, f"{name} must be a finite number {rule}, got {_shown(value)}")
+    return number
+
+
+def _integer(name: str, value, ok, rule: str, optional: bool = False) -> int | None:
+    "An int field, checked: an integer (not a bool) for which ok(value) holds; None passes when optional."
+    if optional and value is None: return None
+    _check(_is_integer(value) and ok(int(value)), name, f"{name} must be an integer {rule}, got {_shown(value)}")
+    return int(value)
+
+
+def _strings(name: str, value) -> tuple[str, ...]:
+    "stop: one string or a list of them, each non-empty."
+    if isinstance(value, str): value = (value,)
+    ok = value is None or isinstance(value, (list, tuple))
+    strings = tuple(value or ()) if ok else ()
+    _check(ok and all(isinstance(s, str) and s for s in strings), name,
+           f"{name} must be a non-empty string or a list of them, got {_shown(value)}")
+    return strings
+
+
+def _token_ids(name: str, value) -> tuple[int, ...]:
+    "stop_token_ids: a list of integers >= 0."
+    ok = value is None or isinstance(value, (list, tuple))
+    ids = tuple(value or ()) if ok else ()
+    _check(ok and all(_is_integer(t) and t >= 0 for t in ids), name,
+           f"{name} must be a list of token ids (integers >= 0), got {_shown(value)}")
+    return tuple(int(t) for t in ids)
+
+
+def _as_token_id(token) -> int | None:
+    "An integer >= 0, or its decimal string (JSON object keys are strings); None for anything else."
+    if isinstance(token, str) and token.isascii() and token.isdigit(): return int(token)
+    return int(token) if _is_integer(token) and token >= 0 else None
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    "logit_bias as sorted (token id, bias) pairs, from a dict or a list of pairs."
+    problem = InvalidParam("logit_bias", f"logit_bias must map token ids (integers >= 0) to finite biases "
+                                         f"in [-100, 100], got {_shown(value)}")
+    if isinstance(value, dict): items = list(value.items())
+    elif value is None or isinstance(value, (list, tuple)): items = list(value or ())
+    else: raise problem
+    pairs = {}
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2): raise problem
+        token, bias = _as_token_id(item[0]), _finite(item[1])
+        if token is None or bias is None or not -100 <= bias <= 100: raise problem
+        pairs[token] = bias
+    return tuple(sorted(pairs.items()))
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    "How to pick tokens and when to stop; validated at construction."
+    "How to pick tokens and when to stop; validated (and normalised) at construction."
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1                 # -1 (or 0): no limit
+    top_k: int = -1                 # -1 (or 0): no limit; above the vocabulary: no limit either
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -48,30 +132,28 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] | dict | None = ()  # (token id, bias added to its logit)
 
     def __post_init__(self):
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if self.top_k == 0: object.__setattr__(self, "top_k", -1)
-        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
-        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens}")
-        _check(self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (no limit) or >= 1, got {self.top_k}")
-        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        put = lambda name, value: object.__setattr__(self, name, value)
+        put("max_tokens", _integer("max_tokens", self.max_tokens, lambda v: v >= 1, ">= 1"))
+        put("temperature", _real("temperature", self.temperature, lambda v: v >= 0, ">= 0 (0 is greedy)"))
+        put("top_p", _real("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"))
+        top_k = _integer("top_k", self.top_k, lambda v: v >= -1, "-1 or 0 (no limit) or >= 1")
+        put("top_k", -1 if top_k == 0 else top_k)
+        put("min_p", _real("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"))
         for name in ("presence_penalty", "frequency_penalty"):
-            _check(-2 <= getattr(self, name) <= 2, f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _check(all(isinstance(s, str) and s for s in stop), f"stop must be non-empty strings, got {self.stop!r}")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}, got {self.n}")
-        _check(all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias),
-               f"logit_bias maps token ids to biases in [-100, 100], got {self.logit_bias!r}")
+            put(name, _real(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]"))
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0 (1 is off)"))
+        put("seed", _integer("seed", self.seed, lambda v: SEED_RANGE[0] <= v <= SEED_RANGE[1],
+                             "in [-2**63, 2**64 - 1]", optional=True))
+        put("stop", _strings("stop", self.stop))
+        put("stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", f"ignore_eos must be true or false, got {_shown(self.ignore_eos)}")
+        put("logprobs", _integer("logprobs", self.logprobs, lambda v: 0 <= v <= MAX_LOGPROBS,
+                                 f"between 0 and {MAX_LOGPROBS}", optional=True))
+        put("n", _integer("n", self.n, lambda v: 1 <= v <= MAX_N, f"between 1 and {MAX_N}"))
+        put("logit_bias", _logit_bias(self.logit_bias))
 
     @property
-    def greedy(self) -> bool: return self.temperature == 0
+    def greedy(self) -> bool: return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @property
     def has_filters(self) -> bool: return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
@@ -94,8 +176,17 @@ class SampledToken(NamedTuple):
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    "A request's own random stream: seeded when asked, from fresh entropy otherwise."
-    return torch.Generator(device=device).manual_seed(seed if seed is not None else random.getrandbits(63))
+    "A request's own random stream: seeded when asked (any seed in SEED_RANGE), from fresh entropy otherwise."
+    _check(seed is None or (_is_integer(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]), "seed",
+           f"seed must be an integer in [-2**63, 2**64 - 1], got {_shown(seed)}")
+    return torch.Generator(device=device).manual_seed(int(seed) if seed is not None else random.getrandbits(63))
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    "The seed of a request's index-th sample (of n): seed + index, wrapped modulo 2**64 past the top of SEED_RANGE."
+    if seed is None: return None
+    shifted = seed + index
+    return shifted - 2**64 if seed <= SEED_RANGE[1] < shifted else shifted  # (a seed out of range stays so)
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int], generated: list[int]) -> torch.Tensor:
@@ -139,9 +230,16 @@ def _filtered(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, mi
             return probs * keep, ids
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
-    "One token per row of logits: [B, vocab] (float32)."
+def draw_uniforms(params: list[SamplingParams], generators: list[torch.Generator],
+                  device: torch.device | str = "cpu") -> list[torch.Tensor | None]:
+    "Each random row's one uniform number in (0, 1] ([1], float64), from its own generator; None for a greedy row."
+    return [None if p.greedy else 1 - torch.rand(1, generator=g, dtype=torch.float64, device=device)
+            for p, g in zip(params, generators)]
+
+
+def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], draws: list[torch.Tensor | None],
+                seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
+    "One token per row of logits: [B, vocab] (float32), given each row's draw: a function of its inputs alone."
     processed = logits                                                     # [B, V]
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
     if penalized:  # a copy only when some row changes (torch.stack of the rows cost ~0.5 ms at any batch)
@@ -151,34 +249,47 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         tokens[random_rows] = _sample_rows(processed[random_rows], [params[i] for i in random_rows],
-                                           [generators[i] for i in random_rows])
+                                           torch.cat([draws[i] for i in random_rows]))
     return [SampledToken(int(tokens[i]), _logprobs(logits[i], int(tokens[i]), p.logprobs))
             for i, p in enumerate(params)]
 
 
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
-    "Temperature, the filters, then one inverse-CDF draw per row from its own generator. logits: [R, V] -> [R]."
-    V, device = logits.shape[-1], logits.device
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                 seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
+    "One token per row of logits: [B, vocab] (float32): draw each random row's number, then pick."
+    return pick_tokens(logits, params, draw_uniforms(params, generators, logits.device), seen, generated)
+
+
+def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
+    "Temperature, the filters, then an inverse-CDF pick at each row's uniform u [R]. logits: [R, V] -> [R]."
+    (R, V), device = logits.shape, logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
-    scaled = logits / temperature                                                  # [R, V]
-    ids = None
-    if any(p.has_filters for p in params):
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
-        probs, ids = _filtered(scaled, top_k, top_p, min_p)                       # [R, C], C <= V
-    else:
-        probs = scaled.softmax(-1)
-    cdf = probs.double().cumsum(-1)                                                # [R, C]
-    u = torch.cat([1 - torch.rand(1, generator=g, dtype=torch.float64, device=device) for g in generators])
-    picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)  # [R, 1]
-    return (picks if ids is None else ids.gather(-1, picks))[:, 0]
+    scaled = (logits - logits.amax(-1, keepdim=True)).div_(temperature)           # [R, V], each row's best at 0
+    top_k = [min(p.top_k, V) if p.top_k > 0 else V for p in params]  # in Python: a top_k of 2**63 is V
+    filtering = [r for r, (k, p) in enumerate(zip(top_k, params)) if k < V or p.top_p < 1 or p.min_p > 0]
+    plain = sorted(set(range(R)) - set(filtering))
+    rows = lambda t, rs: t if len(rs) == R else t[rs]                              # (no copy for a whole batch)
+    tokens = torch.empty(R, dtype=torch.long, device=device)
+    if plain:  # vocabulary order
+        tokens[plain] = _invert_cdf(rows(scaled, plain).softmax(-1), rows(u, plain))
+    if filtering:  # probability order: the filters need it
+        pick = lambda values: torch.tensor(values, device=device)[filtering]
+        probs, ids = _filtered(rows(scaled, filtering), pick(top_k), pick([p.top_p for p in params]),
+                               pick([p.min_p for p in params]))                   # [F, C], C <= V
+        tokens[filtering] = ids.gather(-1, _invert_cdf(probs, rows(u, filtering))[:, None])[:, 0]
+    return tokens
+
+
+def _invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    "Each row's first position whose running mass reaches u times the row's total. probs: [R, C], u: [R] -> [R]."
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)[:, 0]
 
 
 def _logprobs(logits: torch.Tensor, token: int, k: int | None) -> TokenLogprobs | None:
     if k is None: return None
     logp = logits.float().log_softmax(-1)
-    top = logp.topk(k) if k else None
+    top = logp.topk(min(k, logp.numel())) if k else None
     return TokenLogprobs(float(logp[token]), [] if top is None else list(zip(top.indices.tolist(), top.values.tolist())))
 
 # %% ../nbs/07_sampling.ipynb #9bcfefe9

@@ -7,6 +7,7 @@ Docs: https://helios-engine.github.io/helios/tokenizer.html.md"""
 # %% ../nbs/05_tokenizer.ipynb #4bb9c6eb
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -57,7 +58,13 @@ class Tokenizer:
     def vocab_size(self) -> int: return self.backend.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        "Token ids of text. (`encode_batch` releases the GIL while it works, where `encode` holds it throughout.)"
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        "Characters of the longest vocabulary entry: no token stands for more text than about this."
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -1,9 +1,6 @@
 """`helios serve` as users meet it: a real server process on 127.0.0.1, driven by the official openai client."""
 import json
-import os
 import signal
-import socket
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,58 +9,8 @@ import httpx
 import openai
 import pytest
 
+from _server import Server
 from conftest import real_text
-
-API_KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    "A `helios serve` subprocess on a free port."
-    def __init__(self, *args, api_key=API_KEY, env=None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = ["helios", "serve", "--port", str(self.port), "--threads", "1", *args]
-        if api_key: cmd += ["--api-key", api_key]
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None: raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200: return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise TimeoutError("server did not start")
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, **kw)
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                  if line.startswith(name + "{") or line.startswith(name + " ")]
-        return sum(values)
-
-    def wait_idle(self, timeout=10.0):
-        "Wait until no page is held by a request; return how long that took."
-        start = time.time()
-        while time.time() - start < timeout:
-            if self.metric("helios:kv_pages_used") == 0 and self.metric("helios:num_requests_running") == 0:
-                return time.time() - start
-            time.sleep(0.05)
-        raise AssertionError(f"pages still used after {timeout} s")
-
-    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +29,7 @@ def test_models_health_and_metrics(server):
     assert [m.id for m in server.client().models.list().data] == ["tiny"]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["pages"] == 16
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=server.headers).text
     for name in ("helios:num_requests_running", "helios:num_requests_waiting", "helios:kv_cache_usage_perc",
                  "helios:prefix_cache_queries_total", "helios:prefix_cache_hits_total",
                  "helios:time_to_first_token_seconds_bucket", "helios:e2e_request_latency_seconds_count",
@@ -177,8 +124,8 @@ def expect_error(server, path, payload, status, *words, headers=None, raw=None):
 
 
 def test_errors_are_clear(server):
-    expect_error(server, "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature must be >= 0")
-    expect_error(server, "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p must be in (0, 1]")
+    expect_error(server, "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature must be a finite number >= 0")
+    expect_error(server, "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p must be a finite number in (0, 1]")
     expect_error(server, "/v1/completions", None, 400, "not valid JSON", raw=b'{"prompt": "hi",')
     expect_error(server, "/v1/completions", {"max_tokens": 3}, 400, "prompt")
     expect_error(server, "/v1/chat/completions", {"messages": []}, 400, "messages is empty")
@@ -266,7 +213,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits_0(tiny_folder):
 
 def test_an_engine_failure_is_a_500_and_the_server_keeps_serving(smollm2_llm_factory, monkeypatch):
     from fastapi.testclient import TestClient
-    from helios.server import ServerSettings, create_app
+    from helios.server.app import ServerSettings, create_app
     llm = smollm2_llm_factory(max_batch_size=2)
     client = TestClient(create_app(llm, ServerSettings("smol")))
     real = llm.engine.runner.run
