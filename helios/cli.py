@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/cli.html.md"""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import TextIO
@@ -21,7 +22,7 @@ from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES
 
 # %% auto #0
-__all__ = ['ENGINE_ARGS', 'build_parser', 'run_generate', 'run_chat', 'main']
+__all__ = ['ENGINE_ARGS', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
@@ -43,7 +44,7 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--prefill-chunk-size", type=int)
     p.add_argument("--page-size", type=int)
-    p.add_argument("--kv-cache-bytes", type=lambda v: int(float(v)), help="KV budget in bytes, e.g. 2e9")
+    p.add_argument("--kv-cache-bytes", type=byte_count, help="KV budget in bytes, e.g. 2e9")
     p.add_argument("--max-queue", type=int)
     p.add_argument("--prefix-cache-ttl-s", type=float)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
@@ -72,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
     srv.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' [HELIOS_API_KEY]")
     srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)))
-    srv.add_argument("--max-request-bytes", type=lambda v: int(float(v)),
-                     default=int(float(_env("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES))),
+    srv.add_argument("--max-request-bytes", type=byte_count, default=_env("MAX_REQUEST_BYTES", str(DEFAULT_MAX_REQUEST_BYTES)),
                      help="refuse larger bodies with 413 [HELIOS_MAX_REQUEST_BYTES]")
     srv.add_argument("--public-metrics", action="store_true", default=_env("PUBLIC_METRICS", "") == "1",
                      help="with --api-key: serve /metrics without the key [HELIOS_PUBLIC_METRICS=1]")
@@ -122,6 +122,18 @@ def _load(args, quiet: bool = False) -> LLM:
     if args.threads: torch.set_num_threads(int(args.threads))
     return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet,
                **{k: getattr(args, k) for k in ENGINE_ARGS})
+
+
+def byte_count(text: str) -> int:
+    "A size in bytes for argparse, written 8388608 or 8e6: a finite number >= 1."
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes such as 8e6, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
+    return int(value)
+
 
 # %% ../nbs/90_cli.ipynb #b9ba53eb
 def _stream_to(out: TextIO, deltas) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -18,14 +19,17 @@ import torch
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # %% auto #0
-__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SEED_RANGE', 'GREEDY_BELOW_TEMPERATURE', 'SHORT_LIST', 'InvalidParam', 'SamplingParams',
-           'TokenLogprobs', 'SampledToken', 'make_generator', 'sample_seed', 'apply_penalties', 'draw_uniforms',
-           'pick_tokens', 'sample_batch', 'StopStrings', 'Completion']
+__all__ = ['MAX_LOGPROBS', 'MAX_N', 'SEED_RANGE', 'MAX_TEMPERATURE', 'REPETITION_PENALTY_RANGE', 'GREEDY_BELOW_TEMPERATURE',
+           'SHORT_LIST', 'InvalidParam', 'shown', 'SamplingParams', 'TokenLogprobs', 'SampledToken', 'make_generator',
+           'sample_seed', 'apply_penalties', 'draw_uniforms', 'pick_tokens', 'sample_batch', 'StopStrings',
+           'Completion']
 
 # %% ../nbs/07_sampling.ipynb #7b942158
 MAX_LOGPROBS = 20                 # as OpenAI's top_logprobs
 MAX_N = 16
 SEED_RANGE = (-2**63, 2**64 - 1)  # inclusive: what torch.Generator.manual_seed accepts
+MAX_TEMPERATURE = 100.0          # already uniform to the eye; above it float32 logits lose all shape
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # inclusive: dividing or multiplying logits stays finite in float32
 GREEDY_BELOW_TEMPERATURE = 1e-5   # a positive temperature below this samples as greedy (see below)
 
 
@@ -40,7 +44,7 @@ def _check(ok: bool, param: str, message: str):
     if not ok: raise InvalidParam(param, message)
 
 
-def _shown(value, limit: int = 60) -> str:
+def shown(value, limit: int = 60) -> str:
     "repr(value), cut short: a hostile value may be a megabyte long."
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -60,14 +64,14 @@ def _finite(value) -> float | None:
 def _real(name: str, value, ok, rule: str) -> float:
     "A float field, checked: a finite number for which ok(number) holds; rule says which ones do."
     number = _finite(value)
-    _check(number is not None and ok(number), name, f"{name} must be a finite number {rule}, got {_shown(value)}")
+    _check(number is not None and ok(number), name, f"{name} must be a finite number {rule}, got {shown(value)}")
     return number
 
 
 def _integer(name: str, value, ok, rule: str, optional: bool = False) -> int | None:
     "An int field, checked: an integer (not a bool) for which ok(value) holds; None passes when optional."
     if optional and value is None: return None
-    _check(_is_integer(value) and ok(int(value)), name, f"{name} must be an integer {rule}, got {_shown(value)}")
+    _check(_is_integer(value) and ok(int(value)), name, f"{name} must be an integer {rule}, got {shown(value)}")
     return int(value)
 
 
@@ -77,7 +81,7 @@ def _strings(name: str, value) -> tuple[str, ...]:
     ok = value is None or isinstance(value, (list, tuple))
     strings = tuple(value or ()) if ok else ()
     _check(ok and all(isinstance(s, str) and s for s in strings), name,
-           f"{name} must be a non-empty string or a list of them, got {_shown(value)}")
+           f"{name} must be a non-empty string or a list of them, got {shown(value)}")
     return strings
 
 
@@ -86,20 +90,20 @@ def _token_ids(name: str, value) -> tuple[int, ...]:
     ok = value is None or isinstance(value, (list, tuple))
     ids = tuple(value or ()) if ok else ()
     _check(ok and all(_is_integer(t) and t >= 0 for t in ids), name,
-           f"{name} must be a list of token ids (integers >= 0), got {_shown(value)}")
+           f"{name} must be a list of token ids (integers >= 0), got {shown(value)}")
     return tuple(int(t) for t in ids)
 
 
 def _as_token_id(token) -> int | None:
     "An integer >= 0, or its decimal string (JSON object keys are strings); None for anything else."
-    if isinstance(token, str) and token.isascii() and token.isdigit(): return int(token)
+    if isinstance(token, str) and re.fullmatch("[0-9]{1,20}", token): return int(token)  # not "²", " 5", "٣"
     return int(token) if _is_integer(token) and token >= 0 else None
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     "logit_bias as sorted (token id, bias) pairs, from a dict or a list of pairs."
     problem = InvalidParam("logit_bias", f"logit_bias must map token ids (integers >= 0) to finite biases "
-                                         f"in [-100, 100], got {_shown(value)}")
+                                         f"in [-100, 100], got {shown(value)}")
     if isinstance(value, dict): items = list(value.items())
     elif value is None or isinstance(value, (list, tuple)): items = list(value or ())
     else: raise problem
@@ -134,19 +138,22 @@ class SamplingParams:
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)
         put("max_tokens", _integer("max_tokens", self.max_tokens, lambda v: v >= 1, ">= 1"))
-        put("temperature", _real("temperature", self.temperature, lambda v: v >= 0, ">= 0 (0 is greedy)"))
+        put("temperature", _real("temperature", self.temperature, lambda v: 0 <= v <= MAX_TEMPERATURE,
+                                 f"in [0, {MAX_TEMPERATURE:g}] (0 is greedy)"))
         put("top_p", _real("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"))
         top_k = _integer("top_k", self.top_k, lambda v: v >= -1, "-1 or 0 (no limit) or >= 1")
         put("top_k", -1 if top_k == 0 else top_k)
         put("min_p", _real("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"))
         for name in ("presence_penalty", "frequency_penalty"):
             put(name, _real(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]"))
-        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0 (1 is off)"))
+        low, high = REPETITION_PENALTY_RANGE
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, lambda v: low <= v <= high,
+                                        f"in [{low:g}, {high:g}] (1 is off)"))
         put("seed", _integer("seed", self.seed, lambda v: SEED_RANGE[0] <= v <= SEED_RANGE[1],
                              "in [-2**63, 2**64 - 1]", optional=True))
         put("stop", _strings("stop", self.stop))
         put("stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
-        _check(isinstance(self.ignore_eos, bool), "ignore_eos", f"ignore_eos must be true or false, got {_shown(self.ignore_eos)}")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
         put("logprobs", _integer("logprobs", self.logprobs, lambda v: 0 <= v <= MAX_LOGPROBS,
                                  f"between 0 and {MAX_LOGPROBS}", optional=True))
         put("n", _integer("n", self.n, lambda v: 1 <= v <= MAX_N, f"between 1 and {MAX_N}"))
@@ -178,7 +185,7 @@ class SampledToken(NamedTuple):
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     "A request's own random stream: seeded when asked (any seed in SEED_RANGE), from fresh entropy otherwise."
     _check(seed is None or (_is_integer(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]), "seed",
-           f"seed must be an integer in [-2**63, 2**64 - 1], got {_shown(seed)}")
+           f"seed must be an integer in [-2**63, 2**64 - 1], got {shown(seed)}")
     return torch.Generator(device=device).manual_seed(int(seed) if seed is not None else random.getrandbits(63))
 
 

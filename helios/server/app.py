@@ -11,7 +11,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from dataclasses import replace
+
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from jinja2 import TemplateError
 from prometheus_client import generate_latest
@@ -22,11 +25,12 @@ from .errors import APIError, ERROR_RESPONSES, install_error_handlers
 from .jobs import Job
 from .metrics import ServerMetrics
 from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, ChatCompletionRequest,
-                                    CompletionRequest, sampling_params)
+                                    CompletionRequest, parse_body, sampling_params)
 
 # %% auto #0
 __all__ = ['PROMPT_CHARS_SLACK', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S', 'ServerSettings', 'prompt_chars_limit',
-           'check_prompt_chars', 'create_app', 'completion_prompts', 'served_name', 'serve']
+           'check_prompt_chars', 'json_body', 'openapi_with', 'create_app', 'num_prompts', 'completion_prompts',
+           'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -53,6 +57,25 @@ def check_prompt_chars(text: str, limit: int, context: int, param: str):
         raise APIError(400, f"{param} has {len(text):,} characters, more than a context of {context:,} tokens can hold "
                             f"(at most {limit:,} characters); shorten it", param=param)
 
+
+def json_body(model) -> dict:
+    "The OpenAPI requestBody of an endpoint that parses its body itself (off the event loop) with `model`."
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def openapi_with(app: FastAPI, models) -> dict:
+    "The app's OpenAPI spec, with the request models (and the models they use) among its components."
+    if app.openapi_schema is None:
+        spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = spec
+    return app.openapi_schema
+
 # %% ../../nbs/13_server.ipynb #d050d2f7
 def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
@@ -63,18 +86,19 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app, count)
     app.add_middleware(Edge, rules=settings.edge, count=count)
     name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
+    max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
 
     def check_model(model: str | None):
         if model not in (None, name):
             raise APIError(404, f"model {model!r} does not exist; this server serves {name!r}", param="model",
                            code="model_not_found")
 
-    def check_sequences(num_prompts: int, n: int):
-        if num_prompts * n > llm.engine_config.max_queue:
-            raise APIError(400, f"the request asks for {num_prompts * n} sequences ({num_prompts} prompts x n={n}); "
+    def check_sequences(prompts: int, n: int):
+        if prompts * n > llm.engine_config.max_queue:
+            raise APIError(400, f"the request asks for {prompts * n} sequences ({prompts} prompts x n={n}); "
                                 f"the wait list holds at most {llm.engine_config.max_queue}", param="n")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         s = llm.stats()
         return {"status": "ok", "model": name, "running": s.num_running,
@@ -89,32 +113,46 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
                                             "owned_by": "helios", "max_model_len": context}]}
 
-    @app.post("/v1/completions", responses=ERROR_RESPONSES)
-    async def completions(body: CompletionRequest, request: Request):
-        check_model(body.model)
+    app.openapi = lambda: openapi_with(app, (CompletionRequest, ChatCompletionRequest))
+
+    async def parsed(request: Request, model):
+        "JSON parsing and validation grow with the body: both run on a worker thread."
+        return await asyncio.to_thread(parse_body, model, await request.body())
+
+    @app.post("/v1/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(CompletionRequest))
+    async def completions(request: Request):
+        body = await parsed(request, CompletionRequest)
+        check_model(body.model)   # every cheap check first: nothing is tokenized for a request that fails one
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        prompts = await completion_prompts(llm, body.prompt, char_limit, max_tokens)
-        check_sequences(len(prompts), body.n)
         params = sampling_params(body, max_tokens, body.logprobs)
+        check_sequences(num_prompts(body.prompt), body.n)
+        prompts = await completion_prompts(llm, body.prompt, char_limit, max_tokens)
         return await Job(llm, metrics, name, "cmpl", prompts, params, body, chat=False).respond(request)
 
-    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        body = await parsed(request, ChatCompletionRequest)
         check_model(body.model)
+        check_sequences(1, body.n)
+        explicit = next((t for t in (body.max_completion_tokens, body.max_tokens) if t is not None), None)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        params = sampling_params(body, explicit or 1, logprobs)   # checked now; max_tokens may follow the prompt
         messages = [m.for_template() for m in body.messages]
         check_prompt_chars("".join(m["content"] for m in messages), char_limit, context, "messages")
         try:
             ids = await asyncio.to_thread(llm.tokenizer.encode_chat, messages)  # off the event loop
         except (ValueError, TemplateError) as e:
             raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
-        check_sequences(1, body.n)
-        max_tokens = next((t for t in (body.max_completion_tokens, body.max_tokens) if t is not None),
-                          max(1, min(llm.engine.scheduler.max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS)))
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        params = sampling_params(body, max_tokens, logprobs)
+        if explicit is None:
+            params = replace(params, max_tokens=max(1, min(max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS)))
         return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, chat=True).respond(request)
 
     return app
+
+
+def num_prompts(prompt) -> int:
+    "How many prompts a completions body holds: a string, or one list of token ids, is one."
+    return len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
 
 
 async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int) -> list[tuple[str | None, list[int]]]:
@@ -138,7 +176,7 @@ async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int)
 
 # %% ../../nbs/13_server.ipynb #9cd701c0
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
-STREAM_CLOSE_S = 5.0  # after the grace: time for the final chunks of aborted streams to reach their clients
+STREAM_CLOSE_S = 5.0  # once the engine has stopped: time for the last chunks to reach their clients
 
 
 def served_name(model: str | None, llm: LLM) -> str:
@@ -153,9 +191,9 @@ def _draining_server(config, llm: LLM, grace_s: float):
 
     class DrainingServer(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            drain = asyncio.create_task(asyncio.to_thread(llm.engine.shutdown, grace_s))
-            await super().shutdown(sockets)   # stops accepting, waits for open responses (grace + STREAM_CLOSE_S)
-            await drain                        # the engine thread has stopped before the loop closes
+            for server in self.servers: server.close()           # no new connections from now on
+            await asyncio.to_thread(llm.engine.shutdown, grace_s)  # finish, abort the rest, stop the engine thread
+            await super().shutdown(sockets)   # every open response now has its last event: flush, then close
     return DrainingServer(config)
 
 
@@ -166,8 +204,7 @@ def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int
     import sys
     import uvicorn
     app = create_app(llm, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=grace_s + STREAM_CLOSE_S)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=STREAM_CLOSE_S)
     server = _draining_server(config, llm, grace_s)
     print(f"helios: serving {settings.served_model_name!r} on http://{host}:{port}/v1 "
           f"(OpenAI API; /health, /metrics)", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .errors import APIError
 
-DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20  # 8 MiB: hundreds of full-context prompts of a small model
+DEFAULT_MAX_REQUEST_BYTES = 2**20  # 1 MiB: see "The edge" for why
 PUBLIC_PATHS = frozenset({"/health"})
 
 
@@ -27,21 +27,26 @@ class EdgeRules:
     def is_public(self, path: str) -> bool:
         return self.api_key is None or path in PUBLIC_PATHS or (self.public_metrics and path == "/metrics")
 
-    def key_matches(self, authorization: str) -> bool:
-        "Constant-time comparison, so the time taken says nothing about how much of the key was right."
-        return hmac.compare_digest(authorization.encode(), f"Bearer {self.api_key}".encode())
+    def __post_init__(self):
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable() and self.api_key.strip()):
+            raise ValueError("api_key must be printable ASCII (it travels in an HTTP header)")
+        if self.max_request_bytes < 1: raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+
+    def key_matches(self, authorization: bytes) -> bool:
+        "Constant-time comparison of the raw header, so the time taken says nothing about how much was right."
+        return hmac.compare_digest(authorization, f"Bearer {self.api_key}".encode("ascii"))
 
 # %% ../../nbs/13_server.ipynb #e3b05999
-def _header(scope: dict, name: bytes) -> str | None:
+def _header(scope: dict, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
-        if key.lower() == name: return value.decode("latin-1")
+        if key.lower() == name: return value
     return None
 
 
-def _is_json(content_type: str | None) -> bool:
-    "No Content-Type (curl -d sends one, some clients none) or application/json, +json, with any parameters."
+def _is_json(content_type: bytes | None) -> bool:
+    "No Content-Type (some clients send none) or application/json, or any +json type, with any parameters."
     if content_type is None: return True
-    kind = content_type.split(";")[0].strip().lower()
+    kind = content_type.decode("latin-1").split(";")[0].strip().lower()
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
@@ -64,13 +69,14 @@ class Edge:
         await self.app(scope, receive if body is None else _replay(body, receive), send)
 
     def _check_headers(self, scope):
-        if not self.rules.is_public(scope["path"]) and not self.rules.key_matches(_header(scope, b"authorization") or ""):
+        if not self.rules.is_public(scope["path"]) and not self.rules.key_matches(_header(scope, b"authorization") or b""):
             raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.rules.max_request_bytes:
-            raise self._too_large(int(length))
+            raise self._too_large(int(length))   # refused before a byte of the body is read
         if scope["method"] in ("POST", "PUT", "PATCH") and not _is_json(_header(scope, b"content-type")):
-            raise APIError(415, f"Content-Type must be application/json, got {_header(scope, b'content-type')!r}",
+            given = _header(scope, b"content-type").decode("latin-1")
+            raise APIError(415, f"Content-Type must be application/json, got {given!r:.80}",
                            code="unsupported_media_type")
 
     def _too_large(self, size: int) -> APIError:

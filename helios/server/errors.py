@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from ..sampling import shown
+
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
                415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
@@ -53,18 +55,12 @@ ERROR_RESPONSES = {"4XX": {"model": ErrorBody, "description": "the request was r
                    "5XX": {"model": ErrorBody, "description": "the server failed or is shutting down"}}
 
 # %% ../../nbs/13_server.ipynb #8ea04727
-def _shown(value, limit: int = 60) -> str:
-    "A value as an error message quotes it: repr, cut to `limit` characters."
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _is_type_tag(part) -> bool:
-    "Pydantic names the member of a union it tried (`str`, `list[int]`) in an error's location; users do not."
-    return isinstance(part, str) and (part in TYPE_TAGS or any(c in part for c in "[(,"))
+    "Pydantic names the union member it tried (`str`, `list[int]`, 'a list of token ids') in a location; users do not."
+    return isinstance(part, str) and (part in TYPE_TAGS or any(c in part for c in "[(, "))
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -79,9 +75,12 @@ def validation_error(errors: list[dict]) -> APIError:
     where = "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in loc).lstrip(".") or None
     message = first.get("msg", "invalid request").removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
-        return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', message)}")
+        reason = str(first.get("ctx", {}).get("error", message))
+        if "escape" in reason or "surrogate" in reason:  # \ud800 alone: half of a UTF-16 surrogate pair
+            reason += " (a \\uD800-\\uDFFF escape must be half of a surrogate pair: alone it is not Unicode text)"
+        return APIError(400, f"the body is not valid JSON: {reason}")
     if "input" in first and first.get("type") not in ("missing", "value_error"):
-        message += f", got {_shown(first['input'])}"
+        message += f", got {shown(first['input'])}"
     return APIError(400, f"{where}: {message}" if where else message, param=where)
 
 

@@ -5,24 +5,30 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_STOP_STRINGS', 'Text', 'Finite', 'Integer', 'TokenId', 'ROLES', 'valid_unicode', 'integral', 'documented', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'logit_bias', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'Text', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'valid_unicode', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, ValidationError,
+                      field_validator, model_validator)
 
-from ..sampling import MAX_LOGPROBS, MAX_N, SEED_RANGE, InvalidParam, SamplingParams
-from .errors import APIError
+from ..sampling import (MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, SEED_RANGE, InvalidParam,
+                             SamplingParams)
+from .errors import APIError, validation_error
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 1024
+# bounds on how much one body may ask the server to validate: far above any real request
+MAX_PROMPTS = 1024            # prompts in one completions request (each is a sequence on the wait list anyway)
+MAX_PROMPT_TOKEN_IDS = 2**20  # token ids in one prompt: more than any context served here
+MAX_MESSAGES = 4096
 MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 1024
 
 
 def valid_unicode(text: str) -> str:
-    "Refuse strings that cannot be UTF-8: JSON may carry lone UTF-16 surrogates (\\ud800), no tokenizer can."
+    "Refuse strings that cannot be UTF-8 (lone UTF-16 surrogates): no tokenizer can encode them."
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -31,65 +37,85 @@ def valid_unicode(text: str) -> str:
     return text
 
 
-def integral(value):
-    "JSON has numbers, not ints: 3 and 3.0 are both the integer 3; 3.5, true and \"3\" are not integers."
-    if isinstance(value, float) and value.is_integer(): return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PydanticCustomError("int_type", "Input should be an integer")  # a type mismatch, as pydantic's own
-    return value
-
-
 def documented(**bounds) -> Field:
     "A range shown in the OpenAPI spec; the check itself is SamplingParams' (chapter 07), so it is written once."
     return Field(json_schema_extra=bounds)
 
 
-Text = Annotated[str, AfterValidator(valid_unicode)]                # any string the engine will read
-Finite = Annotated[float, Field(allow_inf_nan=False)]               # no NaN, no Infinity
-Integer = Annotated[int, BeforeValidator(integral)]                 # never true/false or 1.5
-TokenId = Annotated[Integer, Field(ge=0)]
+Text = Annotated[str, AfterValidator(valid_unicode)]                 # any string the engine will read
+Finite = Annotated[float, Field(allow_inf_nan=False)]                # no NaN, no Infinity
+TokenId = Annotated[StrictInt, Field(ge=0)]                          # JSON integers: never 1.5, true or "1"
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKEN_IDS, fail_fast=True)]
+StopText = Annotated[Text, documented(minLength=1)]
+
+
+def prompt_form(value) -> str:
+    """Which form a prompt takes, judged by its shape; only that form is then validated.
+
+    Pydantic would otherwise try every member of the union and report each one's errors: a million-item
+    list that fails would cost a million errors per member. The form's name is what an error calls it."""
+    if not isinstance(value, list): return "a string"
+    first = value[0] if value else 0
+    return "a list of strings" if isinstance(first, str) else "lists of token ids" if isinstance(first, list) else "a list of token ids"
+
+
+Prompt = Annotated[Union[Annotated[Annotated[Text, documented(minLength=1)], Tag("a string")],
+                         Annotated[list[Text], Tag("a list of strings"), Field(max_length=MAX_PROMPTS), documented(minItems=1)],
+                         Annotated[TokenIds, Tag("a list of token ids"), documented(minItems=1)],
+                         Annotated[list[TokenIds], Tag("lists of token ids"), Field(max_length=MAX_PROMPTS),
+                                   documented(minItems=1)]],
+                   Discriminator(prompt_form)]
+Stop = Annotated[Union[Annotated[StopText, Tag("a string")],
+                       Annotated[list[StopText], Tag("a list of strings"), Field(max_length=MAX_STOP_STRINGS)]],
+                 Discriminator(lambda value: "a list of strings" if isinstance(value, list) else "a string")]
 
 # %% ../../nbs/13_server.ipynb #edced9ac
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+UNSUPPORTED = "is not supported by this server yet"
+
+
 class _SamplingFields(BaseModel):
     "Fields shared by completions and chat; ranges are SamplingParams' (chapter 07), types are checked here."
     model_config = ConfigDict(extra="ignore")
     model: Text | None = None
-    max_tokens: Annotated[Integer, Field(ge=1)] | None = None
-    temperature: Annotated[Finite, documented(minimum=0)] = 1.0
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE)] = 1.0
     top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1)] = 1.0
-    top_k: Annotated[Integer, documented(minimum=-1)] = -1
+    top_k: Annotated[StrictInt, documented(minimum=-1)] = -1
     min_p: Annotated[Finite, documented(minimum=0, maximum=1)] = 0.0
     presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] = 0.0
     frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] = 0.0
-    repetition_penalty: Annotated[Finite, documented(exclusiveMinimum=0)] = 1.0
-    seed: Annotated[Integer, documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])] | None = None
-    stop: (Annotated[Text, documented(minLength=1)]
-           | Annotated[list[Annotated[Text, documented(minLength=1)]], Field(max_length=MAX_STOP_STRINGS)] | None) = None
+    repetition_penalty: Annotated[Finite, documented(minimum=REPETITION_PENALTY_RANGE[0],
+                                                     maximum=REPETITION_PENALTY_RANGE[1])] = 1.0
+    seed: Annotated[StrictInt, documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])] | None = None
+    stop: Stop | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: bool = False
-    n: Annotated[Integer, documented(minimum=1, maximum=MAX_N)] = 1
+    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     logit_bias: Annotated[dict[str, Annotated[Finite, documented(minimum=-100, maximum=100)]],
-                          documented(propertyNames={"pattern": "^[0-9]+$"})] | None = None
+                          Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
+    response_format: dict | None = None
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self):
+    def _consistent(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise ValueError(f"response_format of type {self.response_format.get('type')!r:.40} {UNSUPPORTED} "
+                             "(allowed: 'text')")
         return self
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: (Annotated[Text, documented(minLength=1)] | Annotated[list[Text], documented(minItems=1)]
-             | Annotated[list[TokenId], documented(minItems=1)] | Annotated[list[list[TokenId]], documented(minItems=1)])
+    prompt: Prompt
     echo: bool = False
-    logprobs: Annotated[Integer, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
+    logprobs: Annotated[StrictInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
 
 # %% ../../nbs/13_server.ipynb #199020eb
 ROLES = ("system", "developer", "user", "assistant")
@@ -102,10 +128,11 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    "One message: a role, and content that is a string or a list of text parts."
+    "One message: a role, and content that is a string or a non-empty list of text parts."
     model_config = ConfigDict(extra="ignore")
     role: Literal[ROLES]
     content: Text | list[TextPart]
+    tool_calls: list | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -113,13 +140,20 @@ class ChatMessage(BaseModel):
         "Say plainly what is wrong (no content, an image part, text that is not a string) before the types would."
         if content is None: raise ValueError("content is required: a string or a list of text parts")
         if not isinstance(content, list): return content
+        if not content: raise ValueError("content is an empty list; send a string or at least one text part")
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             if kind != "text":
-                raise ValueError(f"part {i} has type {kind!r}; this server's models read text only (allowed: 'text')")
+                raise ValueError(f"part {i} has type {kind!r:.40}; this server's models read text only (allowed: 'text')")
             if not isinstance(part.get("text"), str):
                 raise ValueError(f"part {i}'s text must be a string, got {part.get('text')!r:.60}")
         return content
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, tool_calls):
+        if tool_calls: raise ValueError(f"tool_calls {UNSUPPORTED}")
+        return tool_calls
 
     def text(self) -> str:
         "The text the template sees: a string, or the text parts joined."
@@ -132,10 +166,12 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: Annotated[list[ChatMessage], documented(minItems=1)]
-    max_completion_tokens: Annotated[Integer, Field(ge=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
 
     @field_validator("messages")
     @classmethod
@@ -144,21 +180,21 @@ class ChatCompletionRequest(_SamplingFields):
         return messages
 
     @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self):
+    def _chat_consistent(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        if self.tools: raise ValueError(f"tools {UNSUPPORTED}; send the request without them")
+        if self.tool_choice not in (None, "none"): raise ValueError(f"tool_choice {UNSUPPORTED} (allowed: 'none')")
         return self
 
 # %% ../../nbs/13_server.ipynb #7aa4611a
-def logit_bias(body: _SamplingFields) -> dict[int, float]:
-    "logit_bias with its keys (token ids, as JSON strings) as ints."
-    out = {}
-    for key, value in (body.logit_bias or {}).items():
-        if not key.strip().isdigit():
-            raise APIError(400, f"logit_bias keys must be token ids (non-negative integers as strings), got {key!r:.40}",
-                           param="logit_bias")
-        out[int(key)] = value
-    return out
+def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
+    "A body validated against its request model, or an APIError naming the field. Call it off the event loop."
+    if not raw.strip(): raise APIError(400, "the body is empty; send a JSON object")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise validation_error(e.errors(include_url=False)) from None
 
 
 def sampling_params(body: _SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -168,6 +204,6 @@ def sampling_params(body: _SamplingFields, max_tokens: int, logprobs: int | None
                               min_p=body.min_p, presence_penalty=body.presence_penalty,
                               frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                               seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
-                              ignore_eos=body.ignore_eos, logprobs=logprobs, n=body.n, logit_bias=logit_bias(body))
+                              ignore_eos=body.ignore_eos, logprobs=logprobs, n=body.n, logit_bias=body.logit_bias)
     except InvalidParam as e:
         raise APIError(400, str(e), param=e.param) from None

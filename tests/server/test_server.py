@@ -124,7 +124,7 @@ def expect_error(server, path, payload, status, *words, headers=None, raw=None):
 
 
 def test_errors_are_clear(server):
-    expect_error(server, "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature must be a finite number >= 0")
+    expect_error(server, "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature must be a finite number in [0, 100]")
     expect_error(server, "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p must be a finite number in (0, 1]")
     expect_error(server, "/v1/completions", None, 400, "not valid JSON", raw=b'{"prompt": "hi",')
     expect_error(server, "/v1/completions", {"max_tokens": 3}, 400, "prompt")
@@ -133,7 +133,7 @@ def test_errors_are_clear(server):
                  "exceed the model's context of 2,048", "lower max_tokens")
     expect_error(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1500}, 400,
                  "exceed the KV budget of 1,024 tokens", "kv_cache_bytes")
-    expect_error(server, "/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias keys")
+    expect_error(server, "/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias must map token ids")
     expect_error(server, "/v1/completions", {"prompt": "hi", "logit_bias": {"99999999": 1}}, 400, "outside the vocabulary")
     expect_error(server, "/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "'gpt-4' does not exist", "'tiny'")
     expect_error(server, "/v1/completions", {"prompt": "hi"}, 401, "API key", headers={})

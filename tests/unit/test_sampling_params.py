@@ -40,7 +40,7 @@ def test_invalid_values_name_their_field(param, value):
 
 
 def test_the_messages_say_what_is_allowed():
-    with pytest.raises(InvalidParam, match=r"temperature must be a finite number >= 0 \(0 is greedy\), got inf"):
+    with pytest.raises(InvalidParam, match=r"temperature must be a finite number in \[0, 100\] \(0 is greedy\), got inf"):
         SamplingParams(temperature=INF)
     with pytest.raises(InvalidParam, match=r"max_tokens must be an integer >= 1, got 0"):
         SamplingParams(max_tokens=0)
