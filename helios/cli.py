@@ -19,7 +19,7 @@ from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
 from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
-from .server.edge import DEFAULT_MAX_REQUEST_BYTES
+from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
 
 # %% auto #0
 __all__ = ['ENGINE_ARGS', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None):
         if args.command == "bench":
             from helios.bench.main import bench_main
             sys.exit(bench_main(args))
+        if args.command == "serve": EdgeRules(args.api_key, args.max_request_bytes)  # a bad key fails before loading
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,

@@ -79,7 +79,8 @@ def openapi_with(app: FastAPI, models) -> dict:
 # %% ../../nbs/13_server.ipynb #d050d2f7
 def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
-    app = FastAPI(title="Helios", version="1")
+    docs = {} if settings.api_key is None else {"docs_url": None, "redoc_url": None}  # their pages could not send it
+    app = FastAPI(title="Helios", version="1", **docs)
     metrics = ServerMetrics(llm, settings.served_model_name)
     app.state.llm, app.state.metrics, app.state.settings = llm, metrics, settings
     count = lambda status: metrics.errors.labels(**metrics.labels, status=str(status)).inc()
@@ -98,7 +99,8 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
             raise APIError(400, f"the request asks for {prompts * n} sequences ({prompts} prompts x n={n}); "
                                 f"the wait list holds at most {llm.engine_config.max_queue}", param="n")
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.head("/health", include_in_schema=False)  # what load balancers probe with
+    @app.get("/health")
     async def health():
         s = llm.stats()
         return {"status": "ok", "model": name, "running": s.num_running,
@@ -125,7 +127,7 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         check_model(body.model)   # every cheap check first: nothing is tokenized for a request that fails one
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = sampling_params(body, max_tokens, body.logprobs)
-        check_sequences(num_prompts(body.prompt), body.n)
+        check_sequences(num_prompts(body.prompt), body.num_sequences)
         prompts = await completion_prompts(llm, body.prompt, char_limit, max_tokens)
         return await Job(llm, metrics, name, "cmpl", prompts, params, body, chat=False).respond(request)
 
@@ -133,7 +135,7 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     async def chat_completions(request: Request):
         body = await parsed(request, ChatCompletionRequest)
         check_model(body.model)
-        check_sequences(1, body.n)
+        check_sequences(1, body.num_sequences)
         explicit = next((t for t in (body.max_completion_tokens, body.max_tokens) if t is not None), None)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, explicit or 1, logprobs)   # checked now; max_tokens may follow the prompt
@@ -144,7 +146,11 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         except (ValueError, TemplateError) as e:
             raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
         if explicit is None:
-            params = replace(params, max_tokens=max(1, min(max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS)))
+            if len(ids) >= max_request_tokens:
+                raise APIError(400, f"the conversation has {len(ids):,} tokens; the longest request this server can run "
+                                    f"has {max_request_tokens:,} (the context, or the KV budget if smaller); shorten it",
+                               param="messages")
+            params = replace(params, max_tokens=min(max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS))
         return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, chat=True).respond(request)
 
     return app

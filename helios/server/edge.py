@@ -28,8 +28,9 @@ class EdgeRules:
         return self.api_key is None or path in PUBLIC_PATHS or (self.public_metrics and path == "/metrics")
 
     def __post_init__(self):
-        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable() and self.api_key.strip()):
-            raise ValueError("api_key must be printable ASCII (it travels in an HTTP header)")
+        key = self.api_key
+        if key is not None and not (key.isascii() and key.isprintable() and key and key == key.strip()):
+            raise ValueError("the API key must be printable ASCII without surrounding spaces (it travels in an HTTP header)")
         if self.max_request_bytes < 1: raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
 
     def key_matches(self, authorization: bytes) -> bool:

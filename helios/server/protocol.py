@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'Text', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'valid_unicode', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Text', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'SAMPLING_FIELDS', 'valid_unicode', 'check_structure', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
+import re
 from typing import Annotated, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
+                      ValidationError, field_validator, model_validator)
 
 from ..sampling import (MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, SEED_RANGE, InvalidParam,
                              SamplingParams)
@@ -25,6 +26,7 @@ MAX_PROMPT_TOKEN_IDS = 2**20  # token ids in one prompt: more than any context s
 MAX_MESSAGES = 4096
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 1024
+MAX_JSON_NODES = 32768        # arrays, objects and object members in one body: 4,096 messages need about 12,300
 
 
 def valid_unicode(text: str) -> str:
@@ -37,13 +39,29 @@ def valid_unicode(text: str) -> str:
     return text
 
 
+JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')                      # a JSON string, escapes and all
+
+
+def check_structure(raw: bytes):
+    """Refuse a body with more JSON arrays, objects and members than any request needs, before parsing it.
+
+    Parsing must hold the GIL, and its cost grows with the number of containers and members rather than
+    with bytes: a megabyte of `[[1],[1],...]` costs half a second, a megabyte of text a millisecond.
+    Counting brackets and colons outside strings (strings removed by a regex) takes milliseconds."""
+    skeleton = JSON_STRING.sub(b"", raw)
+    nodes = skeleton.count(b"[") + skeleton.count(b"{") + skeleton.count(b":")
+    if nodes > MAX_JSON_NODES:
+        raise APIError(400, f"the body holds {nodes:,} JSON arrays, objects and members; a request may hold at most "
+                            f"{MAX_JSON_NODES:,}")
+
+
 def documented(**bounds) -> Field:
     "A range shown in the OpenAPI spec; the check itself is SamplingParams' (chapter 07), so it is written once."
     return Field(json_schema_extra=bounds)
 
 
 Text = Annotated[str, AfterValidator(valid_unicode)]                 # any string the engine will read
-Finite = Annotated[float, Field(allow_inf_nan=False)]                # no NaN, no Infinity
+Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]   # a JSON number: no NaN, Infinity, true or "1"
 TokenId = Annotated[StrictInt, Field(ge=0)]                          # JSON integers: never 1.5, true or "1"
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKEN_IDS, fail_fast=True)]
 StopText = Annotated[Text, documented(minLength=1)]
@@ -71,7 +89,7 @@ Stop = Annotated[Union[Annotated[StopText, Tag("a string")],
 
 # %% ../../nbs/13_server.ipynb #edced9ac
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool | None = None
 
 
 UNSUPPORTED = "is not supported by this server yet"
@@ -80,27 +98,31 @@ UNSUPPORTED = "is not supported by this server yet"
 class _SamplingFields(BaseModel):
     "Fields shared by completions and chat; ranges are SamplingParams' (chapter 07), types are checked here."
     model_config = ConfigDict(extra="ignore")
+    # every field may be null, which means its default (SamplingParams' own), as OpenAI's API reads it
     model: Text | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE)] = 1.0
-    top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1)] = 1.0
-    top_k: Annotated[StrictInt, documented(minimum=-1)] = -1
-    min_p: Annotated[Finite, documented(minimum=0, maximum=1)] = 0.0
-    presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] = 0.0
-    frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] = 0.0
+    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE, default=1)] | None = None
+    top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1, default=1)] | None = None
+    top_k: Annotated[StrictInt, documented(minimum=-1, default=-1)] | None = None
+    min_p: Annotated[Finite, documented(minimum=0, maximum=1, default=0)] | None = None
+    presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2, default=0)] | None = None
+    frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2, default=0)] | None = None
     repetition_penalty: Annotated[Finite, documented(minimum=REPETITION_PENALTY_RANGE[0],
-                                                     maximum=REPETITION_PENALTY_RANGE[1])] = 1.0
+                                                     maximum=REPETITION_PENALTY_RANGE[1], default=1)] | None = None
     seed: Annotated[StrictInt, documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])] | None = None
     stop: Stop | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
-    ignore_eos: bool = False
-    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N)] = 1
-    stream: bool = False
+    ignore_eos: StrictBool | None = None
+    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N, default=1)] | None = None
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     user: Text | None = None
     logit_bias: Annotated[dict[str, Annotated[Finite, documented(minimum=-100, maximum=100)]],
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
     response_format: dict | None = None
+
+    @property
+    def num_sequences(self) -> int: return self.n or 1
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -114,7 +136,7 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
-    echo: bool = False
+    echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
 
 # %% ../../nbs/13_server.ipynb #199020eb
@@ -168,7 +190,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    logprobs: bool = False
+    logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
@@ -191,19 +213,21 @@ class ChatCompletionRequest(_SamplingFields):
 def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
     "A body validated against its request model, or an APIError naming the field. Call it off the event loop."
     if not raw.strip(): raise APIError(400, "the body is empty; send a JSON object")
+    check_structure(raw)
     try:
         return model.model_validate_json(raw)
     except ValidationError as e:
         raise validation_error(e.errors(include_url=False)) from None
 
 
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "logit_bias")
+
+
 def sampling_params(body: _SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    "SamplingParams from a validated body; a value out of range is a 400 naming the field (chapter 07's checks)."
+    "SamplingParams from a validated body (null or absent: its default); out of range: a 400 naming the field."
+    given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                              min_p=body.min_p, presence_penalty=body.presence_penalty,
-                              frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                              seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
-                              ignore_eos=body.ignore_eos, logprobs=logprobs, n=body.n, logit_bias=body.logit_bias)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **given)
     except InvalidParam as e:
         raise APIError(400, str(e), param=e.param) from None
