@@ -54,8 +54,8 @@ def _is_json(content_type: bytes | None) -> bool:
 class Edge:
     """ASGI middleware in front of the app: the key first, then the size and type of the body.
 
-    It reads the body itself (refusing it past `max_request_bytes` without reading further), checks that it
-    is UTF-8, then hands the app the buffered body and, after it, the client's later messages (a disconnect)."""
+    It reads the body itself (refusing it past `max_request_bytes` without reading further), then hands the
+    app the buffered body and, after it, the client's later messages (a disconnect)."""
     def __init__(self, app, rules: EdgeRules, count=lambda status: None):
         self.app, self.rules, self.count = app, rules, count
 
@@ -94,13 +94,7 @@ class Edge:
             if size > self.rules.max_request_bytes: raise self._too_large(size)
             chunks.append(chunk)
             if not message.get("more_body", False): break
-        body = b"".join(chunks)
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise APIError(400, f"the body is not valid UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}); "
-                                "send JSON encoded as UTF-8") from None
-        return body
+        return b"".join(chunks)
 
 
 def _replay(body: bytes, receive):

@@ -78,6 +78,8 @@ def validation_error(errors: list[dict]) -> APIError:
         reason = str(first.get("ctx", {}).get("error", message))
         if "escape" in reason or "surrogate" in reason:  # \ud800 alone: half of a UTF-16 surrogate pair
             reason += " (a \\uD800-\\uDFFF escape must be half of a surrogate pair: alone it is not Unicode text)"
+        elif "unicode code point" in reason:
+            reason += " (the body must be UTF-8)"
         return APIError(400, f"the body is not valid JSON: {reason}")
     if "input" in first and first.get("type") not in ("missing", "value_error"):
         message += f", got {shown(first['input'])}"

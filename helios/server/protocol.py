@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Text', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'SAMPLING_FIELDS', 'valid_unicode', 'check_structure', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
                       ValidationError, field_validator, model_validator)
 
 from ..sampling import (MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, SEED_RANGE, InvalidParam,
@@ -27,16 +27,6 @@ MAX_MESSAGES = 4096
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 1024
 MAX_JSON_NODES = 32768        # arrays, objects and object members in one body: 4,096 messages need about 12,300
-
-
-def valid_unicode(text: str) -> str:
-    "Refuse strings that cannot be UTF-8 (lone UTF-16 surrogates): no tokenizer can encode them."
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"the string holds {text[e.start]!r} at character {e.start}, a lone UTF-16 surrogate, "
-                         "which is not valid Unicode text") from None
-    return text
 
 
 JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')                      # a JSON string, escapes and all
@@ -60,11 +50,10 @@ def documented(**bounds) -> Field:
     return Field(json_schema_extra=bounds)
 
 
-Text = Annotated[str, AfterValidator(valid_unicode)]                 # any string the engine will read
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]   # a JSON number: no NaN, Infinity, true or "1"
 TokenId = Annotated[StrictInt, Field(ge=0)]                          # JSON integers: never 1.5, true or "1"
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKEN_IDS, fail_fast=True)]
-StopText = Annotated[Text, documented(minLength=1)]
+StopText = Annotated[str, documented(minLength=1)]
 
 
 def prompt_form(value) -> str:
@@ -77,8 +66,8 @@ def prompt_form(value) -> str:
     return "a list of strings" if isinstance(first, str) else "lists of token ids" if isinstance(first, list) else "a list of token ids"
 
 
-Prompt = Annotated[Union[Annotated[Annotated[Text, documented(minLength=1)], Tag("a string")],
-                         Annotated[list[Text], Tag("a list of strings"), Field(max_length=MAX_PROMPTS), documented(minItems=1)],
+Prompt = Annotated[Union[Annotated[Annotated[str, documented(minLength=1)], Tag("a string")],
+                         Annotated[list[str], Tag("a list of strings"), Field(max_length=MAX_PROMPTS), documented(minItems=1)],
                          Annotated[TokenIds, Tag("a list of token ids"), documented(minItems=1)],
                          Annotated[list[TokenIds], Tag("lists of token ids"), Field(max_length=MAX_PROMPTS),
                                    documented(minItems=1)]],
@@ -99,24 +88,24 @@ class _SamplingFields(BaseModel):
     "Fields shared by completions and chat; ranges are SamplingParams' (chapter 07), types are checked here."
     model_config = ConfigDict(extra="ignore")
     # every field may be null, which means its default (SamplingParams' own), as OpenAI's API reads it
-    model: Text | None = None
+    model: str | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE, default=1)] | None = None
-    top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1, default=1)] | None = None
-    top_k: Annotated[StrictInt, documented(minimum=-1, default=-1)] | None = None
-    min_p: Annotated[Finite, documented(minimum=0, maximum=1, default=0)] | None = None
-    presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2, default=0)] | None = None
-    frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2, default=0)] | None = None
+    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1)] | None = None
+    top_k: Annotated[StrictInt, documented(minimum=-1)] | None = None
+    min_p: Annotated[Finite, documented(minimum=0, maximum=1)] | None = None
+    presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] | None = None
+    frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] | None = None
     repetition_penalty: Annotated[Finite, documented(minimum=REPETITION_PENALTY_RANGE[0],
-                                                     maximum=REPETITION_PENALTY_RANGE[1], default=1)] | None = None
+                                                     maximum=REPETITION_PENALTY_RANGE[1])] | None = None
     seed: Annotated[StrictInt, documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])] | None = None
     stop: Stop | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: StrictBool | None = None
-    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N, default=1)] | None = None
+    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N)] | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
-    user: Text | None = None
+    user: str | None = None
     logit_bias: Annotated[dict[str, Annotated[Finite, documented(minimum=-100, maximum=100)]],
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
     response_format: dict | None = None
@@ -146,14 +135,14 @@ ROLES = ("system", "developer", "user", "assistant")
 class TextPart(BaseModel):
     "A content part of type text: the only kind these models read."
     type: Literal["text"]
-    text: Text
+    text: str
 
 
 class ChatMessage(BaseModel):
     "One message: a role, and content that is a string or a non-empty list of text parts."
     model_config = ConfigDict(extra="ignore")
     role: Literal[ROLES]
-    content: Text | list[TextPart]
+    content: str | list[TextPart]
     tool_calls: list | None = None
 
     @field_validator("content", mode="before")

@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from helios.sampling import InvalidParam, SamplingParams
-from helios.server.errors import validation_error
-from helios.server.protocol import ChatCompletionRequest, CompletionRequest
+from helios.server.errors import APIError, validation_error
+from helios.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 FIELDS = ["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "seed", "n", "logprobs"]
@@ -45,7 +45,7 @@ def test_the_documented_range_is_the_enforced_range(field):
     ({"prompt": "x", "n": True}, "n", ["valid integer, got True"]),
     ({"prompt": "x", "top_k": 2.5}, "top_k", ["valid integer, got 2.5"]),
     ({"prompt": "x", "temperature": math.inf}, "temperature", ["finite"]),
-    ({"prompt": ["a", "b\udc00"]}, "prompt[1]", ["surrogate"]),
+    ({"prompt": ["a", 5]}, "prompt[1]", ["valid string"]),
     ({"prompt": [[1, 2], [3, -4]]}, "prompt[1][1]", ["greater than or equal to 0"]),
     ({"prompt": "x", "stop": ["a"] * 17}, "stop", ["at most 16"]),
 ])
@@ -76,3 +76,14 @@ def test_chat_content_is_text_only_and_developer_is_system():
                     None, ["just a string in a list"]):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": content}]})
+
+
+@pytest.mark.parametrize("raw, words", [
+    (rb'{"prompt": "caf\ud800"}', ["surrogate pair"]), (rb'{"prompt": ["a", "\udfff"]}', ["surrogate pair"]),
+    (b'{"prompt": "\xff\xfe"}', ["UTF-8"]), (b"", ["body is empty"]),
+    (b'{"prompt": ' + b"[" * 40_000 + b"]" * 40_000 + b"}", ["at most 32,768"]),
+])
+def test_what_the_parser_refuses_is_said_plainly(raw, words):
+    with pytest.raises(APIError) as info:
+        parse_body(CompletionRequest, raw)
+    assert info.value.status == 400 and all(w in info.value.message for w in words), info.value.message
