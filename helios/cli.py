@@ -77,13 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="refuse larger bodies with 413 [HELIOS_MAX_REQUEST_BYTES]")
     srv.add_argument("--public-metrics", action="store_true", default=_env("PUBLIC_METRICS", "") == "1",
                      help="with --api-key: serve /metrics without the key [HELIOS_PUBLIC_METRICS=1]")
+    srv.add_argument("--return-timings", action="store_true", default=_env("RETURN_TIMINGS", "") == "1",
+                     help="add per-request timings to every response unless its body says \"timings\": false "
+                          "[HELIOS_RETURN_TIMINGS=1]")
     srv.add_argument("--log-level", default="warning")
     _add_model_args(srv); _add_engine_args(srv)
     bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)")
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
     bench.add_argument("--api-key", default=_env("API_KEY"))
-    bench.add_argument("--workload", default="helios-30", choices=["helios-30", "prefix-share", "decode-16"])
+    bench.add_argument("--workload", default="helios-30", choices=["helios-30", "prefix-share", "decode-16", "json-16"])
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None)
     bench.add_argument("--seed", type=int, default=0)
@@ -133,7 +136,6 @@ def byte_count(text: str) -> int:
     if not (math.isfinite(value) and value >= 1):
         raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
     return int(value)
-
 
 # %% ../nbs/90_cli.ipynb #b9ba53eb
 def _stream_to(out: TextIO, deltas) -> str:
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None):
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
-                                      args.max_request_bytes, args.public_metrics)
+                                      args.max_request_bytes, args.public_metrics, args.return_timings)
             serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)

@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
@@ -30,18 +31,26 @@ from .kv.prefix_cache import PrefixCache
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, TokenLogprobs, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
 from .scheduler import QueueFull, Scheduler, Sequence, TickPlan
+from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
+                               append_token, fill_token_masks)
 from .tokenizer import Tokenizer
 
 _log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'StreamEvent', 'RequestHandle', 'ModelRunner',
-           'EngineStats', 'weight_bytes', 'kv_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias']
+           'EngineStats', 'weight_bytes', 'kv_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
+           'CacheTotals', 'CacheReport', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #36aab2f3
+def _interval(start: float | None, end: float | None) -> float | None:
+    "end - start, or None while either is unknown."
+    return None if start is None or end is None else end - start
+
+
 @dataclass
 class RequestMetrics:
-    "Timestamps (time.monotonic) and token counts of one request."
+    "Timestamps (time.monotonic) and token counts of one request; its intervals are properties."
     arrival_s: float
     num_prompt_tokens: int
     first_scheduled_s: float | None = None
@@ -49,18 +58,29 @@ class RequestMetrics:
     finished_s: float | None = None
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    num_completions: int = 1
+    prefix_lookup_s: float = 0.0  # admitting its sequences: prefix lookups and page tables, summed over n
 
     @property
-    def queue_time_s(self) -> float | None:
-        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+    def queue_time_s(self) -> float | None: return _interval(self.arrival_s, self.first_scheduled_s)
 
     @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+    def prefill_s(self) -> float | None: return _interval(self.first_scheduled_s, self.first_token_s)
 
     @property
-    def e2e_s(self) -> float | None:
-        return None if self.finished_s is None else self.finished_s - self.arrival_s
+    def decode_s(self) -> float | None: return _interval(self.first_token_s, self.finished_s)
+
+    @property
+    def ttft_s(self) -> float | None: return _interval(self.arrival_s, self.first_token_s)
+
+    @property
+    def e2e_s(self) -> float | None: return _interval(self.arrival_s, self.finished_s)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        "Tokens after each completion's first, per second of decode_s; None when nothing was decoded."
+        decoded, seconds = self.num_output_tokens - self.num_completions, self.decode_s
+        return decoded / seconds if decoded > 0 and seconds else None
 
 
 @dataclass(frozen=True)
@@ -197,6 +217,7 @@ class _Request:
     seqs: list[Sequence] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     generators: list[torch.Generator] = field(default_factory=list)
+    matchers: list[GrammarMatcher] = field(default_factory=list)  # one per completion when it has a grammar
 
     @property
     def finished(self) -> bool: return all(c.finished for c in self.completions)
@@ -222,6 +243,8 @@ class EngineStats:
     num_prompt_tokens: int
     num_generated_tokens: int
     num_ticks: int
+    num_constrained_rows: int     # sampled rows a grammar masked
+    grammar_mask_s: float         # seconds the helper thread spent filling their masks
 
 # %% ../nbs/11_engine.ipynb #d3652f7e
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -267,6 +290,9 @@ class Engine:
         if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
         self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
+        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size)  # llguidance's vocabulary: built on first use
+        self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
+        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._num_submitted = 0                   # sequences in the inbox, not yet taken in (guarded by _lock)
@@ -277,7 +303,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
-                              num_requests_failed=0, num_prompt_tokens=0, num_generated_tokens=0, num_ticks=0)
+                              num_requests_failed=0, num_prompt_tokens=0, num_generated_tokens=0, num_ticks=0,
+                              num_constrained_rows=0, grammar_mask_s=0.0)
         self._stats = self._snapshot()
 
     @classmethod
@@ -294,6 +321,7 @@ class Engine:
         "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
         validate_prompt(prompt_ids, self.model.config.vocab_size)
         validate_logit_bias(params, self.model.config.vocab_size)
+        if params.grammar is not None: self.grammars.check(params.grammar, "grammar")
         self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
         request_id = request_id or f"req-{next(self._ids)}"
         handle = RequestHandle(request_id, notify)
@@ -320,6 +348,16 @@ class Engine:
         "The snapshot taken at the end of the latest tick, or when a request last ended (before its final event)."
         return self._stats
 
+    def inspect_cache(self, timeout: float = 5.0) -> CacheReport:
+        "The prefix cache's blocks and the pool's pages, read by the engine thread (directly when none runs)."
+        if self._thread in (None, threading.current_thread()):  # driven by step(), or asked on the engine thread
+            return cache_report(self.pages, time.monotonic())
+        reply: queue.Queue[CacheReport] = queue.Queue(maxsize=1)
+        self._inbox.put(("inspect", reply))
+        self._wakeup.set()
+        try: return reply.get(timeout=timeout)
+        except queue.Empty: raise EngineError(f"the engine thread did not answer within {timeout} s") from None
+
     # ---- the engine thread ----
     def _snapshot(self) -> EngineStats:
         cache = self.pages.prefix_cache
@@ -329,20 +367,22 @@ class Engine:
                            c("hit_tokens"), len(self.scheduler.running), len(self.scheduler.waiting),
                            **self._counters)
 
-    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
-        "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
+    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator], list[GrammarMatcher]]:
+        "A request's sequences, completions (detokenizer, stop rules), seeded generators and grammar matchers; touches no shared state."
         n, seed = req.params.n, req.params.seed
         seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
                          req.metrics.arrival_s, self.config.page_size) for _ in range(n)]
         completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
         generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
-        return seqs, completions, generators
+        grammar = req.params.grammar
+        matchers = [self.grammars.matcher(grammar) for _ in range(n)] if grammar is not None else []
+        return seqs, completions, generators, matchers
 
     def _enqueue(self, req: _Request):
         "Build a request's state and put its sequences on the wait list; if anything raises, nothing of it stays."
-        seqs, completions, generators = self._build(req)
+        seqs, completions, generators, matchers = self._build(req)
         self.scheduler.add(seqs)  # all or none; the queue bound was checked by submit()
-        req.seqs, req.completions, req.generators = seqs, completions, generators
+        req.seqs, req.completions, req.generators, req.matchers = seqs, completions, generators, matchers
         self._requests[req.request_id] = req
         for i, seq in enumerate(seqs): self._seq_owner[seq.seq_id] = (req, i)
 
@@ -357,6 +397,7 @@ class Engine:
             try: kind, item = self._inbox.get_nowait()
             except queue.Empty: return
             if kind == "add": self._accept(item)
+            elif kind == "inspect": item.put(cache_report(self.pages, time.monotonic()))  # item: a reply queue
             elif kind == "abort":
                 for req in list(self._requests.values()): self._end(req, finish_reason="abort")
             elif item in self._requests: self._end(self._requests[item], finish_reason="cancelled")
@@ -394,6 +435,8 @@ class Engine:
                 for i, c in enumerate(req.completions)]
         req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
         req.metrics.num_output_tokens = sum(len(c.token_ids) for c in req.completions)
+        req.metrics.num_completions = len(req.completions)
+        req.metrics.prefix_lookup_s = sum(seq.prefix_lookup_s for seq in req.seqs)
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, req.seqs[0].num_cached_tokens, req.metrics)
 
     def step(self, timer: Timer | None = None) -> bool:
@@ -410,28 +453,39 @@ class Engine:
             req = self._seq_owner[chunk.seq.seq_id][0]
             if req.metrics.first_scheduled_s is None: req.metrics.first_scheduled_s = now
         try:
+            masks = self._start_masks(plan)  # on the helper thread, while the forward runs
             with part("forward"): logits = self.runner.run(plan, timer)
             self.scheduler.on_computed(plan, time.monotonic())
-            with part("sampling and streaming"): self._sample_and_emit(plan, logits)
+            with part("sampling and streaming"): self._sample_and_emit(plan, logits, masks)
         except Exception:
             self._fail(plan, traceback.format_exc(limit=3))
         self._counters["num_ticks"] += 1
         self._stats = self._snapshot()
         return True
 
-    def _sample(self, logits: torch.Tensor, chunks: list, owners: list) -> list[SampledToken | Exception]:
-        "Each sampling row's token, or the exception its own sampling raised."
+    def _start_masks(self, plan: TickPlan) -> Future | None:
+        "Fill the masks of the tick's constrained rows (in sampling order) on the helper thread; None if there are none."
+        owners = [self._seq_owner[c.seq.seq_id] for c in plan.chunks if c.samples]
+        jobs = [MaskRow(r, req.matchers[i], tuple(self.grammars.eos_token_ids) if req.params.ignore_eos else ())
+                for r, (req, i) in enumerate(owners) if req.matchers]  # under ignore_eos, EOS taken out of the mask
+        return self._mask_worker.submit(fill_token_masks, self._token_masks, jobs, self.grammars.executor) if jobs else None
+
+    def _sample(self, logits: torch.Tensor, chunks: list, owners: list, masks: TickMasks | None) -> list[SampledToken | Exception]:
+        "Each sampling row's token, or the exception its own sampling (or its grammar's mask) raised."
         params = [req.params for req, _ in owners]
         seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
         generated = [c.seq.output_ids for c in chunks]
-        # each row draws its number alone; picking is then a pure function of the logits and the draws
-        draws = [_attempt(draw_uniforms, [req.params], [req.generators[i]], logits.device) for req, i in owners]
+        masked, failed = (set(masks.rows), masks.failures) if masks else (set(), {})
+        # each row draws its number alone; picking is then a pure function of the logits, the draws and the masks
+        draws = [failed.get(r) or _attempt(draw_uniforms, [req.params], [req.generators[i]], logits.device)
+                 for r, (req, i) in enumerate(owners)]
         rows = [r for r, d in enumerate(draws) if not isinstance(d, Exception)]
 
         def pick(rs: list[int]) -> list[SampledToken]:
             picked = logits if len(rs) == len(chunks) else logits[rs]
-            return pick_tokens(picked, [params[r] for r in rs], [draws[r][0] for r in rs],
-                               [seen[r] for r in rs], [generated[r] for r in rs])
+            constrained = [j for j, r in enumerate(rs) if r in masked]
+            return pick_tokens(picked, [params[r] for r in rs], [draws[r][0] for r in rs], [seen[r] for r in rs],
+                               [generated[r] for r in rs], masks.masks[rs] if constrained else None, constrained)
 
         tokens = _attempt(pick, rows) if rows else []
         if isinstance(tokens, Exception):  # some row raised: retry row by row, so only the rows that raise fail
@@ -440,12 +494,16 @@ class Engine:
         for r, token in zip(rows, tokens): out[r] = token
         return out
 
-    def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor):
+    def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
         self._counters["num_prompt_tokens"] += sum(c.num_tokens for c in plan.chunks if c.start < c.seq.num_prompt_tokens)
         chunks = [c for c in plan.chunks if c.samples]
         if not chunks: return
         owners = [self._seq_owner[c.seq.seq_id] for c in chunks]
-        sampled = self._sample(logits, chunks, owners)
+        masks = pending_masks.result() if pending_masks else None
+        if masks:
+            self._counters["num_constrained_rows"] += len(masks.rows)
+            self._counters["grammar_mask_s"] += masks.seconds
+        sampled = self._sample(logits, chunks, owners, masks)
         now = time.monotonic()
         for chunk, (req, i), token in zip(chunks, owners, sampled):
             if chunk.seq.seq_id not in self._seq_owner: continue  # its request already ended during this tick
@@ -456,9 +514,10 @@ class Engine:
             self._counters["num_generated_tokens"] += 1
             if req.metrics.first_token_s is None: req.metrics.first_token_s = now
             completion = req.completions[i]
-            delta = _attempt(completion.append, token)  # detokenizing and the stop rules
-            if isinstance(delta, Exception):
-                self._fail_request(req, "turning its tokens into text", delta)
+            delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
+            if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
+                stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
+                self._fail_request(req, stage, delta)
                 continue
             req.handle._push(StreamEvent(i, delta, [token.token_id], token.logprobs))
             if completion.finished:
@@ -506,6 +565,7 @@ class Engine:
         elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
             self._thread.join(timeout=30)
             if not self._thread.is_alive(): self._thread = None
+        if self._thread is None: self._mask_worker.shutdown()  # the helper thread ends with the engine thread
 
 # %% ../nbs/11_engine.ipynb #d6fcdd5a
 def validate_prompt(prompt_ids: list[int], vocab_size: int):
@@ -522,3 +582,33 @@ def validate_logit_bias(params: SamplingParams, vocab_size: int):
     bad = [t for t, _ in params.logit_bias if t >= vocab_size]
     if bad:
         raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+# %% ../nbs/11_engine.ipynb #da792466
+from .kv.prefix_cache import CachedBlock
+
+
+class CacheTotals(NamedTuple):
+    "The prefix cache's counters since the engine started (a lookup counts when its sequence is admitted)."
+    lookups: int
+    queried_tokens: int
+    hit_tokens: int
+
+
+class CacheReport(NamedTuple):
+    "What the prefix cache holds and where the pool's pages are, at one moment."
+    blocks: list[CachedBlock]
+    num_pages: int
+    num_free_pages: int
+    num_used_pages: int
+    num_cached_pages: int          # idle cached pages: no holder, kept for reuse
+    page_size: int
+    totals: CacheTotals
+
+
+def cache_report(pages: PageManager, now: float) -> CacheReport:
+    "A report of the page manager's cache and pool (call it on the thread that owns them)."
+    cache = pages.prefix_cache
+    blocks = cache.blocks(now, pages.page_size) if cache else []
+    totals = CacheTotals(cache.lookups, cache.queried_tokens, cache.hit_tokens) if cache else CacheTotals(0, 0, 0)
+    return CacheReport(blocks, pages.num_pages, pages.num_free_pages, pages.num_used_pages, pages.num_cached_pages,
+                       pages.page_size, totals)

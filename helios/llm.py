@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
-from .engine import Engine, EngineStats, RequestHandle, RequestOutput
+from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -131,6 +131,10 @@ class LLM:
     def cancel(self, request_id: str): self.engine.cancel(request_id)
 
     def stats(self) -> EngineStats: return self.engine.stats()
+
+    def inspect_cache(self, timeout: float = 5.0) -> CacheReport:
+        "The prefix cache's blocks, the pool's pages and the lookup totals, as the engine thread sees them."
+        return self.engine.inspect_cache(timeout)
 
     def close(self):
         "Stop the engine thread (requests still pending end with finish_reason 'abort'); safe to call twice."

@@ -20,9 +20,9 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # %% auto #0
 __all__ = ['MAX_LOGPROBS', 'MAX_N', 'SEED_RANGE', 'MAX_TEMPERATURE', 'REPETITION_PENALTY_RANGE', 'GREEDY_BELOW_TEMPERATURE',
-           'SHORT_LIST', 'InvalidParam', 'shown', 'SamplingParams', 'TokenLogprobs', 'SampledToken', 'make_generator',
-           'sample_seed', 'apply_penalties', 'draw_uniforms', 'pick_tokens', 'sample_batch', 'StopStrings',
-           'Completion']
+           'SHORT_LIST', 'MASK_BITS', 'InvalidParam', 'shown', 'SamplingParams', 'TokenLogprobs', 'SampledToken',
+           'make_generator', 'sample_seed', 'apply_penalties', 'draw_uniforms', 'unpack_token_masks',
+           'apply_token_masks', 'pick_tokens', 'sample_batch', 'StopStrings', 'Completion']
 
 # %% ../nbs/07_sampling.ipynb #7b942158
 MAX_LOGPROBS = 20                 # as OpenAI's top_logprobs
@@ -134,6 +134,7 @@ class SamplingParams:
     logprobs: int | None = None     # None: no logprobs; k: the chosen token's plus the top k
     n: int = 1
     logit_bias: tuple[tuple[int, float], ...] | dict | None = ()  # (token id, bias added to its logit)
+    grammar: str | None = None      # an llguidance grammar the output must follow (chapter 07a); None: free text
 
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)
@@ -158,6 +159,8 @@ class SamplingParams:
                                  f"between 0 and {MAX_LOGPROBS}", optional=True))
         put("n", _integer("n", self.n, lambda v: 1 <= v <= MAX_N, f"between 1 and {MAX_N}"))
         put("logit_bias", _logit_bias(self.logit_bias))
+        _check(self.grammar is None or isinstance(self.grammar, str), "grammar",
+               f"grammar must be a grammar string (helios.structured) or None, got {shown(self.grammar)}")
 
     @property
     def greedy(self) -> bool: return self.temperature < GREEDY_BELOW_TEMPERATURE
@@ -244,14 +247,34 @@ def draw_uniforms(params: list[SamplingParams], generators: list[torch.Generator
             for p, g in zip(params, generators)]
 
 
+MASK_BITS = 32  # tokens per int32 word of a token mask
+
+
+def unpack_token_masks(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    "Allowed tokens, bool [R, vocab_size], from bitmasks [R, W] (int32; token t is bit t % 32 of word t // 32)."
+    bits = torch.arange(MASK_BITS, dtype=torch.int32, device=masks.device)
+    return ((masks[..., None] >> bits) & 1).flatten(-2)[..., :vocab_size].bool()
+
+
+def apply_token_masks(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    "In place: the listed rows' forbidden logits become -inf, other rows stay untouched. logits: [B, V]; masks: [B, W]."
+    if rows:
+        assert masks.shape[-1] * MASK_BITS >= logits.shape[-1], "a mask needs a bit for every token"
+        index = torch.tensor(rows, device=logits.device)
+        allowed = unpack_token_masks(masks[rows].to(logits.device), logits.shape[-1])      # [R, V]
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
 def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], draws: list[torch.Tensor | None],
-                seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
-    "One token per row of logits: [B, vocab] (float32), given each row's draw: a function of its inputs alone."
+                seen: list[list[int]], generated: list[list[int]], masks: torch.Tensor | None = None,
+                masked_rows: list[int] = ()) -> list[SampledToken]:
+    "One token per row of logits: [B, vocab] (float32), given each row's draw; masks [B, W] limit the masked_rows."
     processed = logits                                                     # [B, V]
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
-    if penalized:  # a copy only when some row changes (torch.stack of the rows cost ~0.5 ms at any batch)
-        processed = logits.clone()
-        for i in penalized: processed[i] = apply_penalties(logits[i], params[i], seen[i], generated[i])
+    if penalized or masked_rows:  # a copy only when some row changes (torch.stack of the rows cost ~0.5 ms at any batch)
+        processed = apply_token_masks(logits.clone(), masks, list(masked_rows))  # first: nothing below revives a token
+        for i in penalized: processed[i] = apply_penalties(processed[i], params[i], seen[i], generated[i])
     tokens = processed.argmax(-1)                                          # greedy choice, [B]
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
@@ -262,9 +285,11 @@ def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], draws: list[
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 seen: list[list[int]], generated: list[list[int]]) -> list[SampledToken]:
+                 seen: list[list[int]], generated: list[list[int]], masks: torch.Tensor | None = None,
+                 masked_rows: list[int] = ()) -> list[SampledToken]:
     "One token per row of logits: [B, vocab] (float32): draw each random row's number, then pick."
-    return pick_tokens(logits, params, draw_uniforms(params, generators, logits.device), seen, generated)
+    return pick_tokens(logits, params, draw_uniforms(params, generators, logits.device), seen, generated,
+                       masks, masked_rows)
 
 
 def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
@@ -364,5 +389,14 @@ class Completion:
                 delta += self._stops.feed(self._detok.flush())
                 if self._stops.stopped: self.finish_reason = "stop"
                 else: delta += self._stops.flush()
+        self.text += delta
+        return delta
+
+    def end(self, reason: str) -> str:
+        "End it now for a reason outside these rules (its grammar is complete): release the text held back."
+        assert not self.finished, "a finished completion ended again"
+        self.finish_reason = reason
+        delta = self._stops.feed(self._detok.flush())
+        if not self._stops.stopped: delta += self._stops.flush()
         self.text += delta
         return delta

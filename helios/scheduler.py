@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/scheduler.html.md"""
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -46,6 +47,7 @@ class Sequence:
     num_computed_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     waiting_since_s: float = 0.0   # admission or last prefill chunk
+    prefix_lookup_s: float = 0.0   # admission: looking up its cached prefix and building its page table
 
     def __post_init__(self):
         self.block_hashes = prompt_block_hashes(self.prompt_ids, self.page_size)
@@ -136,10 +138,12 @@ class Scheduler:
     def _admit(self, now: float):
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
+            started = time.perf_counter()
             match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
             if not self.pages.can_allocate(seq.num_reserved_tokens, match): return  # head-of-queue waits
             self.waiting.popleft()
             seq.page_table = self.pages.allocate(seq.num_reserved_tokens, match)
+            seq.prefix_lookup_s = time.perf_counter() - started
             seq.num_cached_tokens = seq.num_computed_tokens = match.num_cached_tokens
             seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
             self.running.append(seq)

@@ -12,6 +12,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from jinja2 import meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers, processors
@@ -20,8 +21,9 @@ from .formats.gguf import GGUFFile, gguf_field
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT', 'LLAMA3_SPLIT', 'QWEN2_SPLIT', 'CONTROL_TOKEN', 'USER_DEFINED_TOKEN', 'PRE_TOKENIZERS',
-           'REPLACEMENT_CHAR', 'ChatTemplateError', 'compile_chat_template', 'Tokenizer', 'validate_messages',
-           'tokenizer_from_folder', 'tokenizer_from_gguf', 'load_tokenizer', 'IncrementalDetokenizer']
+           'REPLACEMENT_CHAR', 'ChatTemplateError', 'chat_template_environment', 'compile_chat_template',
+           'template_variables', 'Tokenizer', 'validate_messages', 'template_messages', 'tokenizer_from_folder',
+           'tokenizer_from_gguf', 'load_tokenizer', 'IncrementalDetokenizer']
 
 # %% ../nbs/05_tokenizer.ipynb #9ff2cb22
 class ChatTemplateError(ValueError):
@@ -36,13 +38,23 @@ def _tojson(value, indent=None, ensure_ascii=False):
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
 
-def compile_chat_template(source: str):
-    "A sandboxed jinja2 template with the helpers Hugging Face chat templates use."
+def chat_template_environment() -> ImmutableSandboxedEnvironment:
+    "A jinja2 sandbox with the helpers and whitespace settings Hugging Face chat templates were written for."
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception,
                        strftime_now=lambda fmt: datetime.now().strftime(fmt))
-    return env.from_string(source)
+    return env
+
+
+def compile_chat_template(source: str):
+    "A sandboxed jinja2 template with the helpers Hugging Face chat templates use."
+    return chat_template_environment().from_string(source)
+
+
+def template_variables(source: str) -> frozenset[str]:
+    "The names a template reads from its context (`messages`, `tools`, `enable_thinking`, ...)."
+    return frozenset(meta.find_undeclared_variables(chat_template_environment().parse(source)))
 
 # %% ../nbs/05_tokenizer.ipynb #3bcdf160
 class Tokenizer:
@@ -69,25 +81,81 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        "The prompt text for a conversation, laid out as the model was trained."
+    @functools.cached_property
+    def template_variables(self) -> frozenset[str]:
+        "What the chat template reads from its context (empty without a template)."
+        return template_variables(self.chat_template_source) if self.chat_template_source else frozenset()
+
+    @property
+    def supports_tools(self) -> bool:
+        "The chat template renders `tools` (OpenAI function definitions) into the prompt."
+        return "tools" in self.template_variables
+
+    @property
+    def supports_thinking(self) -> bool:
+        "The chat template knows reasoning: it reads `enable_thinking` or writes `<think>`."
+        return "enable_thinking" in self.template_variables or "<think>" in (self.chat_template_source or "")
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None, **template_kwargs) -> str:
+        "The prompt text for a conversation (and the tools it may call), laid out as the model was trained."
         if self._chat_template is None:
             raise ValueError("this model has no chat template; send a plain prompt with generate() instead")
-        validate_messages(messages)
-        return self._chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+        if tools and not self.supports_tools:
+            raise ValueError(f"{len(tools)} tools were given, but this model's chat template has no tool support "
+                             f"(it never reads `tools`); leave tools out or use a model whose template renders them")
+        return self._chat_template.render(messages=template_messages(messages), tools=tools,
+                                          add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
+                                          eos_token=self.eos_token or "", **template_kwargs)
 
     def encode_chat(self, messages: list[dict], **kwargs) -> list[int]:
         return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
 
-
+# %% ../nbs/05_tokenizer.ipynb #b3f514b0
 def validate_messages(messages: list[dict]):
-    "A conversation is a non-empty list of {role, content} dicts."
+    "A conversation is a non-empty list of {role, content} dicts; an assistant turn may carry tool_calls instead."
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                not (isinstance(m.get("content"), str) or (calls and m.get("content") is None)):
             raise ValueError(f"messages[{i}] must be a dict with a 'role' and a string 'content', got {m!r}")
+        if calls is not None: _validate_tool_calls(calls, m["role"], f"messages[{i}].tool_calls")
+
+
+def _validate_tool_calls(calls, role: str, where: str):
+    "OpenAI's shape: [{'id', 'type': 'function', 'function': {'name', 'arguments'}}], only on assistant turns."
+    if role != "assistant": raise ValueError(f"{where}: only assistant messages carry tool calls, not {role!r} ones")
+    if not isinstance(calls, list): raise ValueError(f"{where} must be a list of tool calls, got {calls!r}")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(fn.get("arguments"), (str, dict)):
+            raise ValueError(f"{where}[{j}] must be {{'function': {{'name': str, 'arguments': str}}}}, got {call!r}")
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    "Validated messages as Hugging Face templates read them: tool call arguments as dicts, content a string."
+    validate_messages(messages)
+    return [_template_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+
+
+def _template_message(message: dict, where: str) -> dict:
+    if not message.get("tool_calls"): return message
+    calls = [{**c, "function": {**c["function"], "arguments": _arguments_object(
+        c["function"]["arguments"], f"{where}.tool_calls[{j}].function.arguments")}}
+        for j, c in enumerate(message["tool_calls"])]
+    return {**message, "content": message.get("content") or "", "tool_calls": calls}
+
+
+def _arguments_object(arguments: str | dict, where: str) -> dict:
+    "A tool call's arguments, sent as JSON text (OpenAI) or already a dict (transformers)."
+    if isinstance(arguments, dict): return arguments
+    try: value = json.loads(arguments)
+    except json.JSONDecodeError as e: raise ValueError(f"{where} must be the JSON text of an object: {e}") from None
+    if not isinstance(value, dict): raise ValueError(f"{where} must be the JSON text of an object, got {arguments!r}")
+    return value
 
 # %% ../nbs/05_tokenizer.ipynb #d010b006
 def _token_text(tok) -> str | None:

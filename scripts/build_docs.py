@@ -39,15 +39,21 @@ EXPORT_DIRECTIVES = {"export", "exporti", "exports"}
 
 # ---- which notebooks, in which order ----
 
+def chapter_key(nb_path: Path) -> tuple[int, str]:
+    "07_sampling -> (7, ''), 07a_structured_output -> (7, 'a'): a lettered chapter follows its number."
+    number, letter = re.match(r"(\d+)([a-z]?)_", nb_path.name).groups()
+    return int(number), letter
+
+
 def notebooks() -> list[Path]:
     "index first, then the chapters in numeric order (whatever nbs/ holds)."
-    chapters = sorted(NBS.glob("[0-9]*_*.ipynb"), key=lambda p: (int(p.name.split("_")[0]), p.name))
+    chapters = sorted(NBS.glob("[0-9]*_*.ipynb"), key=chapter_key)
     return [NBS / "index.ipynb", *chapters]
 
 
 def page_name(nb_path: Path) -> str:
     "nbdev's page name for a notebook (08_paged_pool.ipynb -> paged_pool.html), as module docstrings link it."
-    return re.sub(r"^\d+_", "", nb_path.stem) + ".html"
+    return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb_path.stem) + ".html"
 
 
 def directives(source: str) -> dict[str, str]:

@@ -44,6 +44,7 @@ async def send_request(client, base_url: str, model: str, spec: RequestSpec, api
     body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     if forbid_token_ids: body["logit_bias"] = {str(t): -100 for t in forbid_token_ids}
+    if spec.response_format is not None: body["response_format"] = spec.response_format
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     rec = RequestRecord(spec.cls, spec.max_tokens, time.perf_counter())
     chunks = 0

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['WORKLOADS', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'decode16']
+__all__ = ['LONG_JSON_SCHEMA', 'WORKLOADS', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'decode16', 'json16']
 
 # %% ../../nbs/14_benchmark.ipynb #25a80683
 import functools
@@ -30,6 +30,7 @@ class RequestSpec:
     cls: str
     prompt: str
     max_tokens: int
+    response_format: dict | None = None   # OpenAI's response_format, sent as is
 
 
 def text_of_tokens(tokenizer, ids: list[int], start: int, n: int) -> str:
@@ -64,4 +65,16 @@ def decode16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     return [RequestSpec("decode-16", text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), 128), 64) for _ in range(16)]
 
 
-WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16}
+# An answer that cannot end within decode-16's 64 tokens: every request of json-16 is constrained for all of them
+LONG_JSON_SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 64, "maxItems": 64,
+                                                               "items": {"type": "string", "maxLength": 24}}},
+                    "required": ["notes"], "additionalProperties": False}
+
+
+def json16(tokenizer, seed: int = 0) -> list[RequestSpec]:
+    "decode-16 with every answer constrained to a JSON schema: what constrained decoding costs a decode tick."
+    fmt = {"type": "json_schema", "json_schema": {"name": "notes", "schema": LONG_JSON_SCHEMA}}
+    return [RequestSpec("json-16", s.prompt, s.max_tokens, fmt) for s in decode16(tokenizer, seed)]
+
+
+WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16}

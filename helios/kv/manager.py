@@ -11,7 +11,7 @@ __all__ = ['PageManager']
 import time
 
 from .pages import PagePool, pages_needed
-from .prefix_cache import PrefixCache, PrefixMatch
+from .prefix_cache import ROOT_HASH, PrefixCache, PrefixMatch
 
 class PageManager:
     "Allocates page tables from a PagePool, sharing and keeping pages through a PrefixCache."
@@ -43,10 +43,12 @@ class PageManager:
         return fresh <= self.num_free_pages + self.num_cached_pages - idle_reused
 
     def allocate(self, num_tokens: int, match: PrefixMatch) -> list[int]:
-        "A page table for num_tokens: the matched pages, then fresh ones."
+        "A page table for num_tokens: the matched pages (their reuse counted now), then fresh ones."
         assert self.can_allocate(num_tokens, match), "allocate() without can_allocate()"
-        for p in match.pages:
-            if self.prefix_cache.is_idle(p): self.prefix_cache.mark_busy(p)
+        if self.prefix_cache is not None:
+            self.prefix_cache.count_use(match)
+            for p in match.pages:
+                if self.prefix_cache.is_idle(p): self.prefix_cache.mark_busy(p)
         self.pool.retain(match.pages)
         fresh = pages_needed(num_tokens, self.page_size) - len(match.pages)
         if fresh > self.num_free_pages:
@@ -56,7 +58,8 @@ class PageManager:
     def register(self, block_hashes: list[bytes], page_table: list[int]):
         "Offer a request's full, computed prompt blocks to the prefix cache."
         if self.prefix_cache is None: return
-        for h, page in zip(block_hashes, page_table): self.prefix_cache.insert(h, page)
+        for parent, h, page in zip([ROOT_HASH] + block_hashes, block_hashes, page_table):
+            self.prefix_cache.insert(h, page, parent)
 
     def release(self, page_table: list[int], now: float | None = None):
         "Drop a request's hold on its pages."

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-
 # %% auto #0
-__all__ = ['ROOT_HASH', 'hash_block', 'prompt_block_hashes', 'PrefixMatch', 'PrefixCache']
+__all__ = ['ROOT_HASH', 'HASH_PREFIX_CHARS', 'DEVICE_TIER', 'hash_block', 'prompt_block_hashes', 'PrefixMatch', 'CachedBlock',
+           'PrefixCache']
 
 # %% ../../nbs/09_prefix_cache.ipynb #a52c1ace
 ROOT_HASH = bytes(16)  # the parent of a prompt's first block
@@ -37,17 +38,43 @@ def prompt_block_hashes(token_ids: list[int], page_size: int) -> list[bytes]:
     return hashes
 
 # %% ../../nbs/09_prefix_cache.ipynb #5460fb7c
+HASH_PREFIX_CHARS = 16  # hex digits of a digest a report shows: 64 bits, unique enough to tell blocks apart
+DEVICE_TIER = "device"  # the pool on the model's device: the only place cached pages live
+
+
 class PrefixMatch(NamedTuple):
-    "The longest cached chain for a prompt."
+    "The longest cached chain for a prompt, out of the tokens looked up."
     num_cached_tokens: int
     pages: list[int]
+    num_queried_tokens: int = 0
+
+
+class CachedBlock(NamedTuple):
+    "One cached block, as a cache report lists it."
+    hash: str               # the first HASH_PREFIX_CHARS hex digits of its digest
+    parent: str | None      # the parent block's, None for a prompt's first block
+    depth: int              # 1 = a prompt's first block, 2 = the one after it, ...
+    num_tokens: int         # a full page
+    page: int
+    hits: int               # admissions that reused it
+    idle_s: float | None    # seconds since its last holder let go; None while a request holds it
+    tier: str = DEVICE_TIER
+
+
+@dataclass
+class _Block:
+    "What the cache keeps of one block."
+    page: int
+    parent: bytes
+    depth: int
+    hits: int = 0
 
 
 class PrefixCache:
-    "Block hash -> physical page, plus the LRU of idle cached pages."
+    "Block hash -> physical page (with its place in the chain and its hits), plus the LRU of idle cached pages."
     def __init__(self, ttl_s: float):
         self.ttl_s = ttl_s
-        self._page_of: dict[bytes, int] = {}
+        self._blocks: dict[bytes, _Block] = {}
         self._hash_of: dict[int, bytes] = {}
         self._idle: OrderedDict[int, float] = OrderedDict()  # page -> when it became idle, oldest first
         self.lookups = self.queried_tokens = self.hit_pages = self.hit_tokens = 0
@@ -60,21 +87,27 @@ class PrefixCache:
     def is_idle(self, page: int) -> bool: return page in self._idle
 
     def lookup(self, hashes: list[bytes], page_size: int) -> PrefixMatch:
-        "The pages of the longest prefix of `hashes` that is cached."
+        "The pages of the longest prefix of `hashes` that is cached (nothing is counted until `count_use`)."
         pages = []
         for h in hashes:
-            if h not in self._page_of: break
-            pages.append(self._page_of[h])
-        self.lookups += 1
-        self.queried_tokens += len(hashes) * page_size
-        self.hit_pages += len(pages)
-        self.hit_tokens += len(pages) * page_size
-        return PrefixMatch(len(pages) * page_size, pages)
+            if h not in self._blocks: break
+            pages.append(self._blocks[h].page)
+        return PrefixMatch(len(pages) * page_size, pages, len(hashes) * page_size)
 
-    def insert(self, h: bytes, page: int) -> bool:
-        "Cache `page` as the block `h`; False if that block (or that page) is cached already."
-        if h in self._page_of or page in self._hash_of: return False
-        self._page_of[h], self._hash_of[page] = page, h
+    def count_use(self, match: PrefixMatch):
+        "A request was admitted with this match: count the lookup, and a hit on every block it reuses."
+        self.lookups += 1
+        self.queried_tokens += match.num_queried_tokens
+        self.hit_pages += len(match.pages)
+        self.hit_tokens += match.num_cached_tokens
+        for page in match.pages: self._blocks[self._hash_of[page]].hits += 1
+
+    def insert(self, h: bytes, page: int, parent: bytes = ROOT_HASH) -> bool:
+        "Cache `page` as the block `h` that follows `parent`; False if that block (or that page) is cached already."
+        if h in self._blocks or page in self._hash_of: return False
+        assert parent == ROOT_HASH or parent in self._blocks, "a block is offered after its parent"
+        depth = 1 if parent == ROOT_HASH else self._blocks[parent].depth + 1
+        self._blocks[h], self._hash_of[page] = _Block(page, parent, depth), h
         return True
 
     def mark_busy(self, page: int):
@@ -99,5 +132,12 @@ class PrefixCache:
         return old
 
     def _forget(self, page: int):
-        del self._page_of[self._hash_of.pop(page)]
+        del self._blocks[self._hash_of.pop(page)]
         del self._idle[page]
+
+    def blocks(self, now: float, page_size: int) -> list[CachedBlock]:
+        "Every cached block, shallowest first (so a parent comes before its children)."
+        def short(h: bytes) -> str: return h.hex()[:HASH_PREFIX_CHARS]
+        return sorted((CachedBlock(short(h), None if b.parent == ROOT_HASH else short(b.parent), b.depth, page_size,
+                                   b.page, b.hits, now - self._idle[b.page] if b.page in self._idle else None)
+                       for h, b in self._blocks.items()), key=lambda block: block.depth)

@@ -1,4 +1,4 @@
-"""`helios serve`: completions, chat completions, streaming over SSE, cancellation on disconnect, errors in OpenAI's shape, and Prometheus metrics.
+"""`helios serve`: completions and chat completions (structured output, tool calls, reasoning), streaming over SSE, cancellation on disconnect, errors in OpenAI's shape, timings, token counting, a cache report, and Prometheus metrics.
 
 Docs: https://helios-engine.github.io/helios/server.html.md"""
 
@@ -9,31 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
-from jinja2 import TemplateError
 from prometheus_client import generate_latest
 
+from ..engine import EngineError, validate_prompt
 from ..llm import LLM
+from .chat import ChatShape, as_json, chat_grammar, render_chat, response_grammar
 from .edge import DEFAULT_MAX_REQUEST_BYTES, Edge, EdgeRules
 from .errors import APIError, ERROR_RESPONSES, install_error_handlers
 from .jobs import Job
 from .metrics import ServerMetrics
 from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, ChatCompletionRequest,
-                                    CompletionRequest, parse_body, sampling_params)
+                                    CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_body, sampling_params)
 
 # %% auto #0
-__all__ = ['PROMPT_CHARS_SLACK', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S', 'ServerSettings', 'prompt_chars_limit',
-           'check_prompt_chars', 'json_body', 'openapi_with', 'create_app', 'num_prompts', 'completion_prompts',
-           'served_name', 'serve']
+__all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S',
+           'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body', 'openapi_with',
+           'parsed', 'create_app', 'num_prompts', 'completion_prompts', 'add_inspection_routes', 'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,13 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     public_metrics: bool = False     # with api_key: /metrics open for a scraper that has no key
+    return_timings: bool = False     # every response carries `timings` unless its body says "timings": false
 
     @property
     def edge(self) -> EdgeRules: return EdgeRules(self.api_key, self.max_request_bytes, self.public_metrics)
+
+    def wants_timings(self, body) -> bool:
+        return self.return_timings if body.timings is None else body.timings
 
 
 def prompt_chars_limit(llm: LLM) -> int:
@@ -56,6 +60,12 @@ def check_prompt_chars(text: str, limit: int, context: int, param: str):
     if len(text) > limit:
         raise APIError(400, f"{param} has {len(text):,} characters, more than a context of {context:,} tokens can hold "
                             f"(at most {limit:,} characters); shorten it", param=param)
+
+
+def check_model(model: str | None, served: str):
+    if model not in (None, served):
+        raise APIError(404, f"model {model!r} does not exist; this server serves {served!r}", param="model",
+                       code="model_not_found")
 
 
 def json_body(model) -> dict:
@@ -76,6 +86,11 @@ def openapi_with(app: FastAPI, models) -> dict:
         app.openapi_schema = spec
     return app.openapi_schema
 
+
+async def parsed(request: Request, model):
+    "JSON parsing and validation grow with the body: both run on a worker thread."
+    return await asyncio.to_thread(parse_body, model, await request.body())
+
 # %% ../../nbs/13_server.ipynb #d050d2f7
 def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
@@ -88,11 +103,7 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     app.add_middleware(Edge, rules=settings.edge, count=count)
     name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
     max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
-
-    def check_model(model: str | None):
-        if model not in (None, name):
-            raise APIError(404, f"model {model!r} does not exist; this server serves {name!r}", param="model",
-                           code="model_not_found")
+    grammars = llm.engine.grammars
 
     def check_sequences(prompts: int, n: int):
         if prompts * n > llm.engine_config.max_queue:
@@ -115,44 +126,46 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
                                             "owned_by": "helios", "max_model_len": context}]}
 
-    app.openapi = lambda: openapi_with(app, (CompletionRequest, ChatCompletionRequest))
-
-    async def parsed(request: Request, model):
-        "JSON parsing and validation grow with the body: both run on a worker thread."
-        return await asyncio.to_thread(parse_body, model, await request.body())
+    app.openapi = lambda: openapi_with(app, REQUEST_MODELS)
 
     @app.post("/v1/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request):
         body = await parsed(request, CompletionRequest)
-        check_model(body.model)   # every cheap check first: nothing is tokenized for a request that fails one
+        check_model(body.model, name)   # every cheap check first: nothing is tokenized for a request that fails one
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = sampling_params(body, max_tokens, body.logprobs)
         check_sequences(num_prompts(body.prompt), body.num_sequences)
         prompts = await completion_prompts(llm, body.prompt, char_limit, max_tokens)
-        return await Job(llm, metrics, name, "cmpl", prompts, params, body, chat=False).respond(request)
+        if body.response_format is not None:
+            params = replace(params, grammar=await asyncio.to_thread(response_grammar, grammars, body.response_format))
+        return await Job(llm, metrics, name, "cmpl", prompts, params, body,
+                         timings=settings.wants_timings(body)).respond(request)
 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         body = await parsed(request, ChatCompletionRequest)
-        check_model(body.model)
+        check_model(body.model, name)
         check_sequences(1, body.num_sequences)
         explicit = next((t for t in (body.max_completion_tokens, body.max_tokens) if t is not None), None)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, explicit or 1, logprobs)   # checked now; max_tokens may follow the prompt
         messages = [m.for_template() for m in body.messages]
         check_prompt_chars("".join(m["content"] for m in messages), char_limit, context, "messages")
-        try:
-            ids = await asyncio.to_thread(llm.tokenizer.encode_chat, messages)  # off the event loop
-        except (ValueError, TemplateError) as e:
-            raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+        tools = body.rendered_tools
+        chat = await asyncio.to_thread(render_chat, llm.tokenizer, messages, tools, body.chat_template_kwargs)
+        ids = chat.token_ids
         if explicit is None:
             if len(ids) >= max_request_tokens:
                 raise APIError(400, f"the conversation has {len(ids):,} tokens; the longest request this server can run "
                                     f"has {max_request_tokens:,} (the context, or the KV budget if smaller); shorten it",
                                param="messages")
             params = replace(params, max_tokens=min(max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS))
-        return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, chat=True).respond(request)
+        params = replace(params, grammar=await asyncio.to_thread(chat_grammar, grammars, llm.tokenizer, body))
+        shape = ChatShape(llm.tokenizer.supports_thinking, tools is not None, chat.starts_in_reasoning)
+        return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, shape,
+                         settings.wants_timings(body)).respond(request)
 
+    add_inspection_routes(app, llm, settings)
     return app
 
 
@@ -179,6 +192,51 @@ async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int)
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from None
     return out
+
+# %% ../../nbs/13_server.ipynb #77f947f7
+CACHE_REPORT_TIMEOUT_S = 5.0
+
+
+def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
+    "POST /tokenize, POST /detokenize (vLLM's shapes) and GET /v1/cache (the prefix cache's report)."
+    name, context, tokenizer = settings.served_model_name, llm.config.max_position_embeddings, llm.tokenizer
+    char_limit = prompt_chars_limit(llm)
+
+    @app.post("/tokenize", responses=ERROR_RESPONSES, openapi_extra=json_body(TokenizeRequest))
+    async def tokenize(request: Request):
+        body = await parsed(request, TokenizeRequest)
+        check_model(body.model, name)
+        if body.prompt is not None:
+            check_prompt_chars(body.prompt, char_limit, context, "prompt")
+            ids = await asyncio.to_thread(tokenizer.encode, body.prompt, body.add_special_tokens is not False)
+        else:
+            messages = [m.for_template() for m in body.messages]
+            check_prompt_chars("".join(m["content"] for m in messages), char_limit, context, "messages")
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            ids = (await asyncio.to_thread(render_chat, tokenizer, messages, tools, body.chat_template_kwargs,
+                                           body.add_generation_prompt is not False, body.add_special_tokens is True)).token_ids
+        out = {"count": len(ids), "max_model_len": context, "tokens": ids}
+        if body.return_token_strs: out["token_strs"] = [tokenizer.backend.id_to_token(t) for t in ids]
+        return out
+
+    @app.post("/detokenize", responses=ERROR_RESPONSES, openapi_extra=json_body(DetokenizeRequest))
+    async def detokenize(request: Request):
+        body = await parsed(request, DetokenizeRequest)
+        check_model(body.model, name)
+        if not body.tokens: return {"prompt": ""}
+        try:
+            validate_prompt(body.tokens, llm.config.vocab_size)
+        except ValueError as e:
+            raise APIError(400, str(e).replace("prompt token ids", "tokens"), param="tokens") from None
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens, False)}
+
+    @app.get("/v1/cache", responses=ERROR_RESPONSES)
+    async def cache():
+        try:
+            report = await asyncio.to_thread(llm.engine.inspect_cache, CACHE_REPORT_TIMEOUT_S)
+        except (TimeoutError, EngineError) as e:
+            raise APIError(503, f"the engine did not report its cache: {e}", code="engine_busy") from None
+        return {"object": "prefix_cache", **as_json(report)}
 
 # %% ../../nbs/13_server.ipynb #9cd701c0
 DEFAULT_SHUTDOWN_GRACE_S = 30.0

@@ -91,7 +91,8 @@ def http_error(request: Request, exc: HTTPException) -> APIError:
     method, path = request.method, request.url.path
     if exc.status_code == 404:
         return APIError(404, f"no such endpoint: {method} {path}; the API is under /v1 "
-                             "(/v1/completions, /v1/chat/completions, /v1/models), plus /health and /metrics")
+                             "(/v1/completions, /v1/chat/completions, /v1/models, /v1/cache), plus /tokenize, /detokenize, "
+                             "/health and /metrics")
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow", "")
         return APIError(405, f"{method} is not allowed on {path}; use {allowed or 'another method'}",

@@ -21,6 +21,7 @@ from ..engine import EngineError, RequestOutput, StreamEvent
 from ..llm import LLM
 from ..sampling import SamplingParams
 from ..scheduler import QueueFull
+from .chat import ChatDeltas, ChatShape, finish_reason, timings_json
 from .errors import APIError, error_body
 from .metrics import ServerMetrics
 from .responses import SSE_DONE, chat_logprobs, completion_logprobs, sse, usage
@@ -46,25 +47,30 @@ def shutdown_error() -> APIError:
 
 # %% ../../nbs/13_server.ipynb #88e3e099
 class Job:
-    "The prompts of one HTTP request (each with n completions), answered as one JSON body or one SSE stream."
+    """The prompts of one HTTP request (each with n completions), answered as one JSON body or one SSE stream.
+
+    `shape` is set for chat completions: how the text splits into content, reasoning and tool calls.
+    `timings` adds each prompt's timings to the response (and to a stream's final chunks)."""
     def __init__(self, llm: LLM, metrics: ServerMetrics, model: str, kind: str, prompts, params: SamplingParams,
-                 body, chat: bool):
-        self.llm, self.metrics, self.model, self.prompts, self.params, self.body, self.chat = (
-            llm, metrics, model, prompts, params, body, chat)
+                 body, shape: ChatShape | None = None, timings: bool = False):
+        self.llm, self.metrics, self.model, self.prompts, self.params, self.body = llm, metrics, model, prompts, params, body
+        self.shape, self.chat, self.timings = shape, shape is not None, timings
         self.id, self.created = f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
+        self.object = "chat.completion" if self.chat else "text_completion"
         self.requests: list[AsyncRequest] = []
 
-    def _start(self):
+    def _start(self, loop: asyncio.AbstractEventLoop):
         "Submit every prompt now; on any error cancel what was submitted and answer with the error."
         try:
-            for text, ids in self.prompts: self.requests.append(AsyncRequest(self.llm, ids, self.params, text))
+            for text, ids in self.prompts: self.requests.append(AsyncRequest(self.llm, ids, self.params, text, loop))
         except Exception as e:
             self._cancel_unfinished()
             raise submit_error(e) from None
 
     async def respond(self, request: Request):
-        self._start()
+        loop = asyncio.get_running_loop()
+        if self.params.grammar is None: self._start(loop)
+        else: await asyncio.to_thread(self._start, loop)  # submit checks the grammar: tens of ms for a large schema
         streams = [r.events() for r in self.requests]
         if self.body.stream:
             return StreamingResponse(self._sse(streams), media_type="text/event-stream")
@@ -103,22 +109,30 @@ class Job:
         for p, out in enumerate(outs):
             for c in out.outputs:
                 choices.append(self._choice(p * n + c.index, out, c))
-        body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
-        return {**body, "usage": self._usage(outs)}
+        body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices,
+                "usage": self._usage(outs)}
+        return {**body, **self._timings(outs)}
 
     def _usage(self, outs: list[RequestOutput]) -> dict:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs), sum(o.cached_tokens for o in outs))
 
+    def _timings(self, outs: list[RequestOutput]) -> dict:
+        "{'timings': ...} when asked: one prompt's object, or a list with one per prompt."
+        if not self.timings or not outs: return {}
+        each = [timings_json(o.metrics) for o in outs]
+        return {"timings": each[0] if len(self.prompts) == 1 else each}
+
     def _choice(self, index: int, out: RequestOutput, c) -> dict:
         tok = self.llm.tokenizer
         if self.chat:
             lp = chat_logprobs(tok, c.token_ids, c.logprobs) if c.logprobs is not None else None
-            return {"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": lp,
-                    "finish_reason": c.finish_reason}
+            message, called = self.shape.message(c.text)
+            return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason(c.finish_reason, called)}
         prefix = (out.prompt or tok.decode(out.prompt_token_ids)) if self.body.echo else ""
         lp = completion_logprobs(tok, c.token_ids, c.logprobs, len(prefix)) if c.logprobs is not None else None
         return {"index": index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason}
+
     async def _sse(self, streams) -> AsyncIterator[str]:
         "The stream: always ends with [DONE], after an error event if something failed on the way."
         try:
@@ -131,7 +145,8 @@ class Job:
         yield SSE_DONE
 
     async def _sse_chunks(self, streams) -> AsyncIterator[str]:
-        n, finished = self.params.n, []
+        n, finished = self.params.n, {}
+        deltas: dict[int, ChatDeltas] = {}   # chat: each choice's parser, by choice index
         if self.chat:
             for k in range(n): yield self._chunk(k, {"role": "assistant", "content": ""}, None)
         elif self.body.echo:
@@ -142,17 +157,36 @@ class Job:
                 if event.error:
                     yield sse(error_body(event.error, "internal_error"))
                     return
-                finished.append(event.output)
+                finished[p] = event.output
                 self.metrics.observe(event.output)
-                for c in event.output.outputs:
-                    yield self._chunk(p * n + c.index, {} if self.chat else "", c.finish_reason)
+                for chunk in self._final_chunks(p, event.output, deltas): yield chunk
                 continue
-            if not event.delta and event.logprobs is None: continue
-            lp = self._delta_logprobs(event)
-            yield self._chunk(p * n + event.index, {"content": event.delta} if self.chat else event.delta, None, lp)
+            index = p * n + event.index
+            delta = self._chat_deltas(deltas, index).feed(event.delta) if self.chat else event.delta
+            if not delta and event.logprobs is None: continue
+            yield self._chunk(index, delta, None, self._delta_logprobs(event))
         if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse({"id": self.id, "object": self._chunk_object(), "created": self.created,
-                       "model": self.model, "choices": [], "usage": self._usage(finished)})
+            outs = [finished[p] for p in sorted(finished)]
+            yield sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
+                       "choices": [], "usage": self._usage(outs), **self._timings(outs)})
+
+    def _chat_deltas(self, deltas: dict, index: int) -> ChatDeltas:
+        if index not in deltas: deltas[index] = ChatDeltas(self.shape)
+        return deltas[index]
+
+    def _final_chunks(self, p: int, out: RequestOutput, deltas: dict) -> list[str]:
+        "The chunks that end a prompt's choices: what its parsers held back, then each finish_reason."
+        chunks, n = [], self.params.n
+        for i, c in enumerate(out.outputs):
+            index, reason = p * n + c.index, c.finish_reason
+            if self.chat:
+                stream = self._chat_deltas(deltas, index)
+                if rest := stream.finish(): chunks.append(self._chunk(index, rest, None))
+                reason = finish_reason(reason, stream.num_calls > 0)
+            last = i == len(out.outputs) - 1    # a prompt's timings ride on its last chunk
+            extra = {"timings": timings_json(out.metrics)} if self.timings and last else {}
+            chunks.append(self._chunk(index, {} if self.chat else "", reason, extra=extra))
+        return chunks
 
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
@@ -163,8 +197,8 @@ class Job:
         if self.chat: return chat_logprobs(tok, event.token_ids, [event.logprobs])
         return completion_logprobs(tok, event.token_ids, [event.logprobs])
 
-    def _chunk(self, index: int, delta, finish_reason, logprobs=None) -> str:
+    def _chunk(self, index: int, delta, finish_reason, logprobs=None, extra: dict | None = None) -> str:
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         choice.update({"delta": delta} if self.chat else {"text": delta})
         return sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
-                    "choices": [choice]})
+                    "choices": [choice], **(extra or {})})

@@ -75,3 +75,7 @@ class _EngineCollector:
         yield counter("helios:engine_ticks", "Engine ticks run", s.num_ticks)
         yield counter("helios:request_cancelled", "Requests cancelled (the client went away)", s.num_requests_cancelled)
         yield counter("helios:request_aborted", "Requests ended unfinished by a shutdown", s.num_requests_aborted)
+        yield counter("helios:constrained_rows", "Sampled rows masked by a grammar (structured output, forced tool calls)",
+                      s.num_constrained_rows)
+        yield counter("helios:grammar_mask_seconds", "Seconds spent computing grammar masks (overlapped with the forward)",
+                      s.grammar_mask_s)

@@ -5,17 +5,18 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'UNSUPPORTED', 'ROLES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'ROLES', 'ROLE_RULES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'check_json_object_text', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
+import json
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
+                      ValidationError, ValidationInfo, field_validator, model_validator)
 
 from ..sampling import (MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, SEED_RANGE, InvalidParam,
-                             SamplingParams)
+                             SamplingParams, shown)
 from .errors import APIError, validation_error
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -76,12 +77,86 @@ Stop = Annotated[Union[Annotated[StopText, Tag("a string")],
                        Annotated[list[StopText], Tag("a list of strings"), Field(max_length=MAX_STOP_STRINGS)]],
                  Discriminator(lambda value: "a list of strings" if isinstance(value, list) else "a string")]
 
+# %% ../../nbs/13_server.ipynb #3ed091c5
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"   # OpenAI's rule for a function's and a response schema's name
+MAX_TOOLS = 128                           # OpenAI's limit on tools in one request
+MAX_TOOL_CALLS = 128                      # tool calls in one assistant message of the history
+MAX_TEMPLATE_KWARGS = 32
+TEMPLATE_KWARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")   # a Jinja variable name
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                      "raise_exception", "strftime_now"})   # what the renderer passes itself
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class JSONSchemaFormat(BaseModel):
+    "The `json_schema` of a response_format: the schema the output must follow (`schema`), named."
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Name
+    description: str | None = None
+    json_schema: Annotated[dict, Field(alias="schema")]
+    strict: StrictBool | None = None   # accepted; the schema is always enforced
+
+
+class ResponseFormat(BaseModel):
+    "What the output must be: free text, any JSON object, or JSON that follows a schema."
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a json_schema object: {\"name\", \"schema\"}")
+        return self
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Name
+    description: str | None = None
+    parameters: dict | None = None     # a JSON schema of the arguments object; absent: any object
+    strict: StrictBool | None = None
+
+
+class ToolDefinition(BaseModel):
+    "A tool the model may call: OpenAI's {'type': 'function', 'function': {...}}."
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: Name
+
+
+class NamedToolChoice(BaseModel):
+    "tool_choice naming the one function the model must call."
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("a string")],
+                             Annotated[NamedToolChoice, Tag("a function")]],
+                       Discriminator(lambda value: "a function" if isinstance(value, (dict, NamedToolChoice)) else "a string")]
+
+
+def check_template_kwargs(kwargs: dict) -> dict:
+    "Template variables a request may set: names a template can read, none that the renderer sets itself."
+    for key in kwargs:
+        if not TEMPLATE_KWARG_NAME.match(key):
+            raise ValueError(f"key {shown(key)} is not a template variable name "
+                             "(letters, digits and '_', not starting with a digit, at most 64)")
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise ValueError(f"may not set {key!r}: the server sets it (reserved: "
+                             f"{', '.join(sorted(RESERVED_TEMPLATE_KWARGS))})")
+    return kwargs
+
+
+TemplateKwargs = Annotated[dict[str, Any], Field(max_length=MAX_TEMPLATE_KWARGS), AfterValidator(check_template_kwargs),
+                          documented(propertyNames={"pattern": TEMPLATE_KWARG_NAME.pattern,
+                                                    "not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}})]
+
 # %% ../../nbs/13_server.ipynb #edced9ac
 class StreamOptions(BaseModel):
     include_usage: StrictBool | None = None
-
-
-UNSUPPORTED = "is not supported by this server yet"
 
 
 class _SamplingFields(BaseModel):
@@ -108,7 +183,8 @@ class _SamplingFields(BaseModel):
     user: str | None = None
     logit_bias: Annotated[dict[str, Annotated[Finite, documented(minimum=-100, maximum=100)]],
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
-    response_format: dict | None = None
+    response_format: ResponseFormat | None = None
+    timings: StrictBool | None = None   # an extension: per-request timings in the response (see "Timings")
 
     @property
     def num_sequences(self) -> int: return self.n or 1
@@ -117,9 +193,6 @@ class _SamplingFields(BaseModel):
     def _consistent(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise ValueError(f"response_format of type {self.response_format.get('type')!r:.40} {UNSUPPORTED} "
-                             "(allowed: 'text')")
         return self
 
 
@@ -129,7 +202,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: Annotated[StrictInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
 
 # %% ../../nbs/13_server.ipynb #199020eb
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class TextPart(BaseModel):
@@ -138,18 +211,60 @@ class TextPart(BaseModel):
     text: str
 
 
+def check_json_object_text(arguments: str) -> str:
+    "A tool call's arguments: the text of a JSON object, as OpenAI sends them."
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        raise ValueError(f"arguments must be the text of a JSON object, got {shown(arguments)}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"arguments must be the text of a JSON object, got {shown(arguments)}")
+    return arguments
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: Annotated[str, AfterValidator(check_json_object_text)]
+
+
+class ToolCallMessage(BaseModel):
+    "A call an assistant made earlier in the conversation."
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+# What each role needs, for the OpenAPI spec (the validators below are what enforce it)
+_CONTENT = {"content": {"type": ["string", "array"]}}
+_NO_CALLS = {**_CONTENT, "tool_calls": {"type": "null"}}
+ROLE_RULES = {"anyOf": [
+    {"properties": {"role": {"enum": ["system", "developer", "user"]}, **_NO_CALLS}, "required": ["content"]},
+    {"properties": {"role": {"const": "assistant"}}, "anyOf": [
+        {"properties": _CONTENT, "required": ["content"]},
+        {"properties": {"tool_calls": {"type": "array", "minItems": 1}}, "required": ["tool_calls"]}]},
+    {"properties": {"role": {"const": "tool"}, **_NO_CALLS, "tool_call_id": {"type": "string"}},
+     "required": ["content", "tool_call_id"]}]}
+
+
 class ChatMessage(BaseModel):
-    "One message: a role, and content that is a string or a non-empty list of text parts."
-    model_config = ConfigDict(extra="ignore")
+    """One message: a role and its content, a string or a non-empty list of text parts.
+
+    An assistant message that made tool calls may have no content; a `tool` message answers the call
+    `tool_call_id`."""
+    model_config = ConfigDict(extra="ignore", json_schema_extra=ROLE_RULES)
     role: Literal[ROLES]
-    content: str | list[TextPart]
-    tool_calls: list | None = None
+    tool_calls: Annotated[list[ToolCallMessage], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: str | None = None
+    content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_only(cls, content):
+    def _text_only(cls, content, info: ValidationInfo):
         "Say plainly what is wrong (no content, an image part, text that is not a string) before the types would."
-        if content is None: raise ValueError("content is required: a string or a list of text parts")
+        if content is None:
+            if info.data.get("role") == "assistant" and info.data.get("tool_calls"): return None
+            raise ValueError("content is required: a string or a list of text parts "
+                             "(only an assistant message with tool_calls may omit it)")
         if not isinstance(content, list): return content
         if not content: raise ValueError("content is an empty list; send a string or at least one text part")
         for i, part in enumerate(content):
@@ -160,20 +275,26 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"part {i}'s text must be a string, got {part.get('text')!r:.60}")
         return content
 
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, tool_calls):
-        if tool_calls: raise ValueError(f"tool_calls {UNSUPPORTED}")
-        return tool_calls
+    @model_validator(mode="after")
+    def _tool_fields(self):
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a message of role 'tool' needs tool_call_id: the id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not a message of role {self.role!r}")
+        return self
 
     def text(self) -> str:
-        "The text the template sees: a string, or the text parts joined."
+        "The text the template sees: a string, the text parts joined, or '' (an assistant's tool calls alone)."
+        if self.content is None: return ""
         if isinstance(self.content, list): return "".join(part.text for part in self.content)
         return self.content
 
     def for_template(self) -> dict:
-        "{role, content} for the chat template; 'developer' is OpenAI's newer name for 'system'."
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        "The message as chat templates read it; 'developer' is OpenAI's newer name for 'system'."
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls: message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None: message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -181,8 +302,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list | None = None
-    tool_choice: str | dict | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
 
     @field_validator("messages")
     @classmethod
@@ -190,13 +313,74 @@ class ChatCompletionRequest(_SamplingFields):
         if not messages: raise ValueError("messages is empty; send at least one message")
         return messages
 
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, tools):
+        names = [t.function.name for t in tools or ()]
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"each tool needs its own name; {', '.join(map(repr, repeated))} appears more than once")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, choice, info: ValidationInfo):
+        "A call can be required only of tools that exist."
+        if choice in (None, "none", "auto") or "tools" not in info.data: return choice  # (bad tools: said already)
+        names = [t.function.name for t in info.data["tools"] or ()]
+        if not names:
+            raise ValueError(f"{shown(choice if isinstance(choice, str) else choice.function.name)} "
+                             "needs tools; send the functions the model may call in 'tools'")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"names the function {choice.function.name!r}, which is not among the tools "
+                             f"({', '.join(map(repr, names))})")
+        return choice
+
     @model_validator(mode="after")
     def _chat_consistent(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.tools: raise ValueError(f"tools {UNSUPPORTED}; send the request without them")
-        if self.tool_choice not in (None, "none"): raise ValueError(f"tool_choice {UNSUPPORTED} (allowed: 'none')")
+        if self.forces_tool_call and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("tool_choice 'required' or a named function and a response_format both fix the output's "
+                             "form; send one of them")
         return self
+
+    @property
+    def forces_tool_call(self) -> bool: return self.tool_choice not in (None, "none", "auto")
+
+    @property
+    def rendered_tools(self) -> list[dict] | None:
+        "The tools the template renders: none when tool_choice is 'none'."
+        if not self.tools or self.tool_choice == "none": return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+# %% ../../nbs/13_server.ipynb #728841a1
+class TokenizeRequest(BaseModel):
+    "POST /tokenize, as vLLM has it: a prompt, or chat messages rendered as a chat completion would render them."
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
+    add_generation_prompt: StrictBool | None = None    # messages only; default true
+    add_special_tokens: StrictBool | None = None       # default: true for a prompt, false for messages (the template's)
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    return_token_strs: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either prompt (a string) or messages (a chat), not both and not neither")
+        if self.messages is not None and not self.messages: raise ValueError("messages is empty; send at least one message")
+        if self.messages is None and (self.tools or self.chat_template_kwargs or self.add_generation_prompt is not None):
+            raise ValueError("tools, chat_template_kwargs and add_generation_prompt go with messages, not a prompt")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    "POST /detokenize: token ids back to text."
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: TokenIds
 
 # %% ../../nbs/13_server.ipynb #7aa4611a
 def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:

@@ -17,9 +17,10 @@ from ..sampling import SamplingParams
 
 
 class AsyncRequest:
-    "One submitted engine request, consumed from asyncio."
-    def __init__(self, llm: LLM, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None):
-        self._loop, self._ready, self.llm = asyncio.get_running_loop(), asyncio.Event(), llm
+    "One submitted engine request, consumed from asyncio on `loop` (submitted from any thread)."
+    def __init__(self, llm: LLM, prompt_ids: list[int], params: SamplingParams, prompt: str | None,
+                 loop: asyncio.AbstractEventLoop):
+        self._loop, self._ready, self.llm = loop, asyncio.Event(), llm
         self.handle = llm.engine.submit(prompt_ids, params, prompt, notify=self._notify)
         self.done = False
 

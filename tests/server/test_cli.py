@@ -22,3 +22,11 @@ def test_chat_streams_a_conversation():
 def test_bad_model_is_a_clean_error():
     result = run_helios("generate", "hi", "--model", "/no/such.gguf")
     assert result.returncode != 0 and "helios: error:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_return_timings_from_the_flag_or_the_environment(monkeypatch):
+    from helios.cli import build_parser
+    assert not build_parser().parse_args(["serve"]).return_timings
+    assert build_parser().parse_args(["serve", "--return-timings"]).return_timings
+    monkeypatch.setenv("HELIOS_RETURN_TIMINGS", "1")
+    assert build_parser().parse_args(["serve"]).return_timings

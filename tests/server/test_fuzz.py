@@ -22,9 +22,10 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
 
 
 @pytest.fixture(scope="module")
-def server(tiny_folder):
-    # a KV budget of 512 tokens (1 KiB each): a chat without max_tokens gets what is left of it, so examples stay short
-    s = Server("--model", str(tiny_folder), "--served-model-name", "tiny", "--max-queue", "64",
+def server(tiny_tools_folder):
+    # a template that renders tools, so generated tools reach the grammar; a KV budget of 512 tokens (1 KiB each):
+    # a chat without max_tokens gets what is left of it, so examples stay short
+    s = Server("--model", str(tiny_tools_folder), "--served-model-name", "tiny", "--max-queue", "64",
                "--kv-cache-bytes", str(512 * 1024), "--page-size", "64")
     yield s
     assert s.stop() == 0
@@ -65,20 +66,35 @@ SAMPLING = {
     "stream": st.booleans(), "stream_options": maybe(st.fixed_dictionaries({"include_usage": st.booleans()})),
     "user": maybe(texts), "model": st.sampled_from(["tiny", "gpt-4", None]),
 }
+schemas = st.sampled_from([{}, {"type": "object"}, {"type": "objekt"}, {"enum": ["a", "b"]}, {"type": "string", "maxLength": 3},
+                           {"$ref": "#/nowhere"}, {"type": "array", "minItems": 3, "maxItems": 1}])
+formats = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "grammar"])}),
+                    st.fixed_dictionaries({"type": st.just("json_schema"), "json_schema": st.fixed_dictionaries(
+                        {"name": st.sampled_from(["x", "a b", ""]), "schema": maybe(schemas)})}))
 token_ids = st.lists(st.one_of(st.integers(0, 49151), ints), min_size=0, max_size=6)
 completion_bodies = st.fixed_dictionaries(
     {"prompt": st.one_of(texts, st.lists(texts, max_size=3), token_ids, st.lists(token_ids, max_size=2), junk),
      "max_tokens": small_max_tokens},
-    optional={**SAMPLING, "echo": maybe(st.booleans()), "logprobs": maybe(st.integers(0, 25))})
+    optional={**SAMPLING, "echo": maybe(st.booleans()), "logprobs": maybe(st.integers(0, 25)),
+              "response_format": maybe(formats), "timings": maybe(st.booleans())})
 parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "input_audio"]),
                                         "text": maybe(texts)}), max_size=3)
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant", "tool",
                                                                      "wizard"]),
                                            "content": st.one_of(texts, parts, junk)}), max_size=3)
+functions = st.fixed_dictionaries({"type": st.sampled_from(["function", "retrieval"]), "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["f", "get_weather", "bad name", ""])}, optional={"parameters": maybe(schemas)})})
+tool_choices = st.one_of(st.sampled_from(["none", "auto", "required", "any"]),
+                         st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+                             {"name": st.sampled_from(["f", "g"])})}))
 chat_bodies = st.fixed_dictionaries(
     {"messages": st.one_of(messages, junk), "max_tokens": small_max_tokens},
     optional={**SAMPLING, "logprobs": maybe(st.booleans()), "top_logprobs": maybe(st.integers(0, 25)),
-              "max_completion_tokens": small_max_tokens})
+              "max_completion_tokens": small_max_tokens, "response_format": maybe(formats),
+              "tools": maybe(st.lists(functions, max_size=2)), "tool_choice": maybe(tool_choices),
+              "parallel_tool_calls": maybe(st.booleans()), "timings": maybe(st.booleans()),
+              "chat_template_kwargs": maybe(st.dictionaries(st.sampled_from(["enable_thinking", "messages", "1x"]), junk,
+                                                            max_size=2))})
 
 
 def post(server: Server, path: str, body: dict) -> httpx.Response:
@@ -131,5 +147,5 @@ def test_schemathesis_finds_no_server_error(server):
         run()
     print("schemathesis:", {label: dict(c) for label, c in statuses.items()})
     posts = {label: c for label, c in statuses.items() if label.startswith("POST")}
-    assert len(posts) == 4 and all(sum(n for status, n in c.items() if status >= 400) for c in posts.values()), statuses
+    assert len(posts) == 8 and all(sum(n for status, n in c.items() if status >= 400) for c in posts.values()), statuses
     assert all(c[200] for label, c in posts.items() if "positive" in label), statuses  # valid data is served

@@ -65,6 +65,8 @@ def huge_nesting(depth: int) -> bytes:
 
 
 JSON = {"content-type": "application/json"}
+HI = [{"role": "user", "content": "hi"}]
+F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 # (name, path, json body or raw bytes, extra headers, expected status, words the message contains, expected param)
 HOSTILE = [
     ("seed above 2**64-1", "/v1/completions", {"prompt": "hi", "seed": 2**64, "temperature": 1}, {}, 400, ["seed"], "seed"),
@@ -102,12 +104,26 @@ HOSTILE = [
      {"messages": [{"role": "user", "content": "a"}] * 4097}, {}, 400, ["at most 4096"], "messages"),
     ("an empty content list", "/v1/chat/completions", {"messages": [{"role": "user", "content": []}]}, {}, 400,
      ["empty list"], "messages[0].content"),
-    ("tools", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                       "tools": [{"type": "function", "function": {"name": "f"}}]}, {}, 400, ["not supported"], None),
-    ("tool_choice auto", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}, {},
-     400, ["not supported"], None),
-    ("response_format json_object", "/v1/completions", {"prompt": "hi", "response_format": {"type": "json_object"}}, {},
-     400, ["not supported"], None),
+    ("tools on a template without tool support", "/v1/chat/completions", {"messages": HI, "tools": [F]}, {}, 400,
+     ["does not render tools"], "tools"),
+    ("a tool without a name", "/v1/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {}}]}, {},
+     400, ["required"], "tools[0].function.name"),
+    ("tool_choice naming an unknown function", "/v1/chat/completions",
+     {"messages": HI, "tools": [F], "tool_choice": {"type": "function", "function": {"name": "g"}}}, {}, 400,
+     ["'g'", "not among the tools"], "tool_choice"),
+    ("tool_choice required without tools", "/v1/chat/completions", {"messages": HI, "tool_choice": "required"}, {}, 400,
+     ["needs tools"], "tool_choice"),
+    ("response_format of an unsupported type", "/v1/completions", {"prompt": "hi", "response_format": {"type": "regex"}},
+     {}, 400, ["json_schema"], "response_format.type"),
+    ("a malformed JSON schema", "/v1/chat/completions", {"messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}, {}, 400, [], "response_format"),
+    ("chat_template_kwargs setting messages", "/v1/chat/completions", {"messages": HI, "chat_template_kwargs": {
+        "messages": []}}, {}, 400, ["may not set"], "chat_template_kwargs"),
+    ("a tool message without tool_call_id", "/v1/chat/completions", {"messages": [{"role": "tool", "content": "1"}]}, {},
+     400, ["tool_call_id"], "messages[0]"),
+    ("tool call arguments that are not JSON", "/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, {}, 400, ["JSON object"],
+     "messages[0].tool_calls[0].function.arguments"),
     ("an empty body", "/v1/completions", b"", JSON, 400, ["body is empty"], None),
     ("260,000 one-item lists", "/v1/completions", {"prompt": [[1]] * 260_000}, {}, 400, ["JSON arrays, objects"], None),
     ("logit_bias with 90,000 keys", "/v1/completions", {"prompt": "hi", "logit_bias": {str(i): "" for i in range(90_000)}},
@@ -160,6 +176,11 @@ ACCEPTED = [  # odd but legal: accepted and completed
                                                  "presence_penalty": None, "repetition_penalty": None, "user": None}),
     ("repetition_penalty 0.01", {"prompt": "hi", "repetition_penalty": 0.01, "temperature": 0.5, "max_tokens": 4}),
     ("stop token id 2**40", {"prompt": "hi", "stop_token_ids": [2**40], "max_tokens": 4}),
+    ("response_format json_object", {"prompt": "hi", "response_format": {"type": "json_object"}, "max_tokens": 4}),
+    ("a JSON schema of 2,000 required properties", {"prompt": "hi", "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "wide", "schema": {
+            "type": "object", "required": [f"p{i}" for i in range(2000)],
+            "properties": {f"p{i}": {"type": "string", "maxLength": 20} for i in range(2000)}}}}}),
 ]
 
 

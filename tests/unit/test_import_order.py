@@ -1,6 +1,7 @@
 """The package's imports follow the chapters: a module imports only modules written by its own or an earlier
 chapter (at import time or inside a function), a chapter's cells use only those modules, and nothing imports in
-a cycle. A module's chapter is read from the header nbdev writes ("File to edit: ../nbs/08_paged_pool.ipynb")."""
+a cycle. A module's chapter is read from the header nbdev writes ("File to edit: ../nbs/08_paged_pool.ipynb"); a lettered
+chapter (07a_structured_output) comes after its number and before the next one."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE, NBS = ROOT / "helios", ROOT / "nbs"
-HEADER = re.compile(r"File to edit: (?:\.\./)+nbs/(\d+)_\w+\.ipynb")
+HEADER = re.compile(r"File to edit: (?:\.\./)+nbs/(\d+[a-z]?)_\w+\.ipynb")
+Chapter = tuple[int, str]  # 07a -> (7, "a"): ordered as the chapters are read
+
+
+def chapter_of(label: str) -> Chapter:
+    number, letter = re.fullmatch(r"(\d+)([a-z]?)", label).groups()
+    return int(number), letter
+
+
+def shown(chapter: Chapter) -> str: return f"{chapter[0]:02d}{chapter[1]}"
 
 
 def module_name(path: Path) -> str:
@@ -20,12 +30,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def chapters() -> dict[str, int]:
+def chapters() -> dict[str, Chapter]:
     "Every generated module of the package, with the number of the chapter that writes it."
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         m = HEADER.search(path.read_text(encoding="utf-8")[:2000])
-        if m: found[module_name(path)] = int(m.group(1))
+        if m: found[module_name(path)] = chapter_of(m.group(1))
     return found
 
 
@@ -45,7 +55,7 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool = False) -> se
     return names
 
 
-def owner(name: str, known: dict[str, int]) -> str | None:
+def owner(name: str, known: dict[str, Chapter]) -> str | None:
     "The generated module that an imported name lives in (helios.kv.pages.PagePool -> helios.kv.pages)."
     while name:
         if name in known: return name
@@ -53,7 +63,7 @@ def owner(name: str, known: dict[str, int]) -> str | None:
     return None
 
 
-def module_imports(known: dict[str, int]) -> dict[str, set[str]]:
+def module_imports(known: dict[str, Chapter]) -> dict[str, set[str]]:
     graph = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
@@ -74,7 +84,7 @@ def test_every_module_has_a_chapter():
 
 def test_no_module_imports_a_later_chapter():
     known = chapters()
-    backwards = [f"{m} (chapter {known[m]:02d}) imports {t} (chapter {known[t]:02d})"
+    backwards = [f"{m} (chapter {shown(known[m])}) imports {t} (chapter {shown(known[t])})"
                  for m, targets in module_imports(known).items() for t in sorted(targets) if known[t] > known[m]]
     assert backwards == []
 
@@ -95,9 +105,9 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-def notebook_chapter(path: Path) -> int | None:
-    m = re.match(r"(\d+)_", path.name)
-    return int(m.group(1)) if m else None
+def notebook_chapter(path: Path) -> Chapter | None:
+    m = re.match(r"(\d+[a-z]?)_", path.name)
+    return chapter_of(m.group(1)) if m else None
 
 
 @pytest.mark.parametrize("notebook", sorted(NBS.glob("[0-9]*_*.ipynb")), ids=lambda p: p.stem)
@@ -111,13 +121,18 @@ def test_no_chapter_uses_a_later_chapter(notebook: Path):
         try: tree = ast.parse(source)
         except SyntaxError: continue
         used |= {owner(n, known) for n in imported_modules(tree, "helios")}
-    later = sorted(f"{m} (chapter {known[m]:02d})" for m in used if m and known[m] > chapter)
-    assert later == [], f"chapter {chapter:02d} uses later chapters' modules"
+    later = sorted(f"{m} (chapter {shown(known[m])})" for m in used if m and known[m] > chapter)
+    assert later == [], f"chapter {shown(chapter)} uses later chapters' modules"
 
 
 def test_the_checks_catch_a_backwards_import():
     "The same checks, on a made-up module of chapter 03 that imports chapter 11 inside a function."
     tree = ast.parse("def f():\n    from helios.engine import Engine\n    from ..kv import pages\n")
-    known = {"helios.model.qwen3": 3, "helios.engine": 11, "helios.kv.pages": 8}
+    known = {"helios.model.qwen3": (3, ""), "helios.engine": (11, ""), "helios.kv.pages": (8, "")}
     found = {owner(n, known) for n in imported_modules(tree, "helios.model.qwen3")}
     assert found - {None} == {"helios.engine", "helios.kv.pages"}
+
+
+def test_a_lettered_chapter_sits_between_its_number_and_the_next():
+    assert chapter_of("07") < chapter_of("07a") < chapter_of("07b") < chapter_of("08")
+    assert HEADER.search("File to edit: ../nbs/07a_structured_output.ipynb").group(1) == "07a"

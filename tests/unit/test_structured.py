@@ -1,0 +1,188 @@
+"""Grammars, matchers and token masks (helios.structured) on SmolLM2's real tokenizer."""
+import json
+import threading
+
+import pytest
+import torch
+
+from helios.sampling import InvalidParam, SamplingParams, draw_uniforms, make_generator, pick_tokens, unpack_token_masks
+from helios.structured import (COMPACT_JSON, GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks,
+                               apply_token_masks, fill_token_masks, forbid_tokens, json_object_grammar,
+                               json_schema_grammar, lark_grammar)
+
+V = 49_152
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150}}}
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_gguf):
+    from helios.tokenizer import load_tokenizer
+    return load_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def grammars(tok):
+    return TokenGrammars(tok, V)
+
+
+def ids(tok, text: str) -> list[int]: return tok.encode(text, add_special_tokens=False)
+
+
+def allowed_after(grammars, grammar: str, token_ids: list[int]) -> list[int]:
+    "The tokens a fresh matcher allows after taking token_ids."
+    matcher, masks = grammars.matcher(grammar), allocate_token_masks(1, grammars.vocab_size)
+    for t in token_ids: matcher.accept(t)
+    matcher.fill_mask(masks, 0)
+    return unpack_token_masks(masks, grammars.vocab_size)[0].nonzero()[:, 0].tolist()
+
+
+def test_json_schema_grammar_is_compact_whatever_the_schema_says():
+    for schema in (PERSON, {**PERSON, "x-guidance": {"whitespace_flexible": True}}):
+        inner = json.loads(json_schema_grammar(schema))["grammars"][0]["json_schema"]
+        assert inner["x-guidance"] == COMPACT_JSON and inner["properties"] == PERSON["properties"]
+    assert json.loads(json_object_grammar())["grammars"][0]["json_schema"]["type"] == "object"
+    assert 'start: "x"' in lark_grammar('start: "x"')          # llguidance reads a Lark text as it is
+
+
+@pytest.mark.parametrize("bad", ['{"type": "object"}', None, [1], 3])
+def test_a_schema_that_is_not_an_object_is_refused(bad):
+    with pytest.raises(InvalidParam, match="must be a JSON object") as e: json_schema_grammar(bad)
+    assert e.value.param == "response_format"
+
+
+def test_lark_grammar_wants_a_string():
+    with pytest.raises(InvalidParam) as e: lark_grammar(None)
+    assert e.value.param == "grammar"
+
+
+def test_the_llguidance_tokenizer_is_built_once_on_first_use(tok):
+    fresh = TokenGrammars(tok, V)
+    assert fresh._ll_tokenizer is None
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(fresh.ll_tokenizer)) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert len({id(x) for x in seen}) == 1 and fresh.ll_tokenizer.vocab_size == V
+    assert fresh.eos_token_ids == tok.eos_token_ids == {2}
+
+
+@pytest.mark.parametrize("grammar, param, reason", [
+    (json_schema_grammar({"type": "object", "properties": {"a": {"type": "frob"}}}), "response_format", "Invalid type: frob"),
+    (json_schema_grammar({"properties": {"a": {"$ref": "#/$defs/x"}}}), "grammar", "does not exist"),
+    (json_schema_grammar({"type": "string", "format": "weird"}), "grammar", "Unknown format: weird"),
+    (lark_grammar("start: missing"), "grammar", 'unknown name: "missing"'),
+    ("not a grammar at all", "grammar", "Expected token"),
+    (42, "grammar", "must be a grammar string"),
+])
+def test_check_refuses_with_the_library_reason(grammars, grammar, param, reason):
+    with pytest.raises(InvalidParam, match=reason) as e: grammars.check(grammar, param=param)
+    assert e.value.param == param and param in str(e.value)
+
+
+def test_check_accepts_a_valid_grammar(grammars):
+    for grammar in (json_schema_grammar(PERSON), json_object_grammar(), lark_grammar('start: "yes" | "no"')):
+        grammars.check(grammar)
+
+
+def test_a_model_with_fewer_logits_than_tokens_cannot_be_constrained(tok):
+    with pytest.raises(InvalidParam, match="more than the model's"): TokenGrammars(tok, 1000).check(json_object_grammar())
+
+
+def test_after_a_key_only_tokens_that_open_the_string(tok, grammars):
+    allowed = allowed_after(grammars, json_schema_grammar(PERSON), ids(tok, '{"name":'))
+    assert allowed and all(tok.decode([t]).startswith('"') for t in allowed)
+    assert ids(tok, '"')[0] in allowed and 2 not in allowed
+
+
+def test_no_whitespace_is_ever_offered_outside_strings(tok, grammars):
+    grammar = json_schema_grammar(PERSON)
+    for prefix in ('{', '{"name":"Ada"', '{"name":"Ada",', '{"name":"Ada","age":'):
+        allowed = allowed_after(grammars, grammar, ids(tok, prefix))
+        assert not any(tok.decode([t])[:1].isspace() for t in allowed), prefix
+
+
+def test_eos_is_allowed_exactly_when_the_object_is_complete(tok, grammars):
+    text = '{"name":"Ada Lovelace","age":36}'
+    matcher, masks = grammars.matcher(json_schema_grammar(PERSON)), allocate_token_masks(1, V)
+    for t in ids(tok, text):
+        matcher.fill_mask(masks, 0)
+        allowed = unpack_token_masks(masks, V)[0]
+        assert allowed[t] and not allowed[2] and not matcher.is_finished
+        matcher.accept(t)
+    matcher.fill_mask(masks, 0)
+    assert unpack_token_masks(masks, V)[0].nonzero()[:, 0].tolist() == [2] and matcher.is_finished
+
+
+def test_an_open_ended_grammar_allows_eos_and_more(tok, grammars):
+    allowed = allowed_after(grammars, lark_grammar('start: "a"+'), ids(tok, "aa"))
+    assert 2 in allowed and any(tok.decode([t]) == "a" for t in allowed)
+
+
+def test_a_refused_token_raises_with_the_library_reason(tok, grammars):
+    matcher = grammars.matcher(json_schema_grammar(PERSON))
+    with pytest.raises(GrammarViolation, match="refused.*doesn't satisfy the grammar"): matcher.accept(ids(tok, "x")[0])
+    with pytest.raises(GrammarViolation): matcher.fill_mask(allocate_token_masks(1, V), 0)  # it stays failed
+
+
+def test_matcher_refuses_an_invalid_grammar(grammars):
+    with pytest.raises(InvalidParam, match="Invalid type"):
+        grammars.matcher(json_schema_grammar({"type": "frob"}))
+
+
+def test_masks_shape_and_ids_past_the_tokenizer(tok):
+    masks = allocate_token_masks(2, V + 33)
+    assert masks.shape == (2, 1538) and masks.dtype == torch.int32 and (masks == -1).all()
+    wide = TokenGrammars(tok, V + 33)
+    wide.matcher(json_object_grammar()).fill_mask(masks, 1)
+    assert not unpack_token_masks(masks, V + 33)[1, V:].any()
+
+
+def test_forbid_tokens_clears_exactly_those_bits_sign_bit_included():
+    masks = allocate_token_masks(2, 100)
+    forbid_tokens(masks, 1, [0, 31, 32, 99])
+    allowed = unpack_token_masks(masks, 100)
+    assert allowed[0].all() and (~allowed[1]).nonzero()[:, 0].tolist() == [0, 31, 32, 99]
+
+
+def test_apply_token_masks_touches_only_listed_rows():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 70)
+    masks = allocate_token_masks(3, 70)
+    masks.zero_()
+    for t in (1, 40, 69): masks[0, t // 32] |= 1 << (t % 32)
+    masks[2, :] = 0                                          # would forbid everything, but row 2 is not listed
+    out = apply_token_masks(logits.clone(), masks, [0])
+    assert out[0].isfinite().nonzero()[:, 0].tolist() == [1, 40, 69] and torch.equal(out[0, [1, 40, 69]], logits[0, [1, 40, 69]])
+    assert torch.equal(out[1:], logits[1:])
+    assert torch.equal(apply_token_masks(logits.clone(), masks, []), logits)
+
+
+def test_fill_token_masks_isolates_a_failing_matcher(tok, grammars):
+    good, broken = grammars.matcher(json_object_grammar()), grammars.matcher(json_object_grammar())
+    assert not broken._matcher.consume_token(ids(tok, "x")[0])
+    masks = allocate_token_masks(4, V)
+    jobs = [MaskRow(0, good), MaskRow(2, broken), MaskRow(3, grammars.matcher(json_object_grammar()), (2,))]
+    filled = fill_token_masks(masks, jobs, grammars.executor)
+    assert filled.rows == [0, 3] and list(filled.failures) == [2] and isinstance(filled.failures[2], GrammarViolation)
+    assert filled.seconds > 0 and filled.masks is masks
+    assert torch.equal(masks[0], masks[3])                  # EOS is not allowed at an object's start anyway
+
+
+def test_pick_tokens_picks_only_allowed_tokens_greedy_and_sampled(tok, grammars):
+    torch.manual_seed(1)
+    logits = torch.randn(4, V) * 3                                              # [B, V]
+    masks = allocate_token_masks(4, V)
+    for row in (0, 2): grammars.matcher(json_schema_grammar(PERSON)).fill_mask(masks, row)
+    allowed = unpack_token_masks(masks, V)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0),
+              SamplingParams(seed=3, top_p=0.9, logit_bias={5: 100}, repetition_penalty=1.3, logprobs=1), SamplingParams(seed=4)]
+    for trial in range(20):
+        draws = draw_uniforms(params, [None, None, make_generator(trial), make_generator(trial + 100)])
+        picked = pick_tokens(logits, params, draws, [[5]] * 4, [[]] * 4, masks, [0, 2])
+        free = pick_tokens(logits, params, draws, [[5]] * 4, [[]] * 4)
+        assert allowed[0, picked[0].token_id] and allowed[2, picked[2].token_id]
+        assert picked[0].token_id == int(logits[0].masked_fill(~allowed[0], float("-inf")).argmax())
+        assert picked[1] == free[1] and picked[3] == free[3]                        # unlisted rows: as if no masks
+        raw = logits[2].log_softmax(-1)[picked[2].token_id].item()
+        assert picked[2].logprobs.logprob == pytest.approx(raw, abs=1e-5)         # logprobs: the raw model's
