@@ -217,7 +217,7 @@ class _Request:
     seqs: list[Sequence] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     generators: list[torch.Generator] = field(default_factory=list)
-    matchers: list[GrammarMatcher] = field(default_factory=list)  # one per completion when it has a grammar
+    matchers: list[GrammarMatcher] = field(default_factory=list)  # one per completion when it has a grammar (built by submit)
 
     @property
     def finished(self) -> bool: return all(c.finished for c in self.completions)
@@ -290,7 +290,7 @@ class Engine:
         if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
         self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
         self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
-        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size)  # llguidance's vocabulary: built on first use
+        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
         self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
         self._inbox: queue.Queue = queue.Queue()
@@ -321,11 +321,13 @@ class Engine:
         "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
         validate_prompt(prompt_ids, self.model.config.vocab_size)
         validate_logit_bias(params, self.model.config.vocab_size)
-        if params.grammar is not None: self.grammars.check(params.grammar, "grammar")
         self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        # compiling a grammar checks it, and takes as long as the grammar needs: here, never on the engine thread
+        matchers = self.grammars.matchers(params.grammar, params.n) if params.grammar is not None else []
         request_id = request_id or f"req-{next(self._ids)}"
         handle = RequestHandle(request_id, notify)
-        req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)))
+        req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
+                       matchers=matchers)
         with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's "abort"
             if self._stopping: raise EngineError("the engine is shutting down")
             if self._num_queued() + params.n > self.config.max_queue:
@@ -367,22 +369,20 @@ class Engine:
                            c("hit_tokens"), len(self.scheduler.running), len(self.scheduler.waiting),
                            **self._counters)
 
-    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator], list[GrammarMatcher]]:
-        "A request's sequences, completions (detokenizer, stop rules), seeded generators and grammar matchers; touches no shared state."
+    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
+        "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
         n, seed = req.params.n, req.params.seed
         seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
                          req.metrics.arrival_s, self.config.page_size) for _ in range(n)]
         completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
         generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
-        grammar = req.params.grammar
-        matchers = [self.grammars.matcher(grammar) for _ in range(n)] if grammar is not None else []
-        return seqs, completions, generators, matchers
+        return seqs, completions, generators
 
     def _enqueue(self, req: _Request):
         "Build a request's state and put its sequences on the wait list; if anything raises, nothing of it stays."
-        seqs, completions, generators, matchers = self._build(req)
+        seqs, completions, generators = self._build(req)
         self.scheduler.add(seqs)  # all or none; the queue bound was checked by submit()
-        req.seqs, req.completions, req.generators, req.matchers = seqs, completions, generators, matchers
+        req.seqs, req.completions, req.generators = seqs, completions, generators
         self._requests[req.request_id] = req
         for i, seq in enumerate(seqs): self._seq_owner[seq.seq_id] = (req, i)
 

@@ -75,6 +75,10 @@ class GrammarMatcher:
         "Take one sampled token; GrammarViolation if the grammar does not allow it here."
         if not self._matcher.consume_token(token_id): self._raise_if_error(f"token {token_id} refused: ")
 
+    def copy(self) -> GrammarMatcher:
+        "An independent matcher in the same state, sharing the compiled grammar (microseconds, where compiling takes milliseconds or more)."
+        return GrammarMatcher(self._matcher.deep_copy())
+
     @property
     def is_finished(self) -> bool:
         "The grammar is complete and nothing may follow (not even EOS is needed)."
@@ -90,9 +94,11 @@ class GrammarMatcher:
 
 
 class TokenGrammars:
-    "Grammars over one model's vocabulary: checks them, and makes a matcher per completion; thread-safe."
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int):
+    "Grammars over one model's vocabulary: checks them, and makes the matchers of a request's completions; thread-safe."
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: frozenset[int] | None = None):
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        given = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self._eos = frozenset(t for t in given if 0 <= t < vocab_size)  # an id past the logits is never sampled
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
@@ -106,7 +112,7 @@ class TokenGrammars:
                     raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size:,} tokens, more than the model's "
                                      f"{self.vocab_size:,} logits: no grammar can be enforced on this model")
                 self._ll_tokenizer = llguidance.LLTokenizer(self.tokenizer.backend.to_str(), n_vocab=self.vocab_size,
-                                                            eos_token=sorted(self.tokenizer.eos_token_ids) or None)
+                                                            eos_token=sorted(self._eos) or None)
             return self._ll_tokenizer
 
     @property
@@ -118,22 +124,32 @@ class TokenGrammars:
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
-        "What a mask treats as the end: the tokenizer's EOS ids (or the one llguidance picks when it has none)."
-        return self.tokenizer.eos_token_ids or frozenset(self.ll_tokenizer.eos_tokens)
+        "What a mask treats as the end: the ids given (by default the tokenizer's), or the one llguidance picks when there are none."
+        return self._eos or frozenset(self.ll_tokenizer.eos_tokens)
+
+    def _vocabulary(self, grammar: str, param: str) -> llguidance.LLTokenizer:
+        "The vocabulary to read a grammar against; InvalidParam when the grammar is not a string or no grammar can be enforced."
+        if not isinstance(grammar, str): raise InvalidParam(param, f"{param} must be a grammar string, got {shown(grammar)}")
+        try: return self.ll_tokenizer
+        except ValueError as e: raise InvalidParam(param, str(e)) from None
 
     def check(self, grammar: str, param: str = "response_format"):
-        "Raise InvalidParam(param, the library's reason) unless the grammar can be enforced."
-        if not isinstance(grammar, str): raise InvalidParam(param, f"{param} must be a grammar string, got {shown(grammar)}")
-        try: ll_tokenizer = self.ll_tokenizer
-        except ValueError as e: raise InvalidParam(param, str(e)) from None
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll_tokenizer)
+        "Raise InvalidParam(param, the library's reason) unless the grammar can be enforced; compiles nothing to keep."
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocabulary(grammar, param))
         if is_error: raise InvalidParam(param, f"{param} cannot be enforced: {_reason(messages[0])}")
 
+    def matchers(self, grammar: str, n: int, param: str = "grammar") -> list[GrammarMatcher]:
+        """n matchers at the start of the grammar, one per completion: compiled once (the check: InvalidParam(param, the
+        library's reason)), copied n - 1 times. Compiling grows with the grammar: about 1 ms for a small JSON schema,
+        most of a second for one with thousands of properties, so it runs on the caller's thread."""
+        compiled = llguidance.LLMatcher(self._vocabulary(grammar, param), grammar, log_level=0)
+        if compiled.is_error(): raise InvalidParam(param, f"{param} cannot be enforced: {_reason(compiled.get_error())}")
+        first = GrammarMatcher(compiled)
+        return [first] + [first.copy() for _ in range(n - 1)]
+
     def matcher(self, grammar: str) -> GrammarMatcher:
-        "A fresh matcher at the start of the grammar (compiling it: about 1 ms for a JSON schema)."
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
-        if matcher.is_error(): raise InvalidParam("grammar", f"grammar cannot be enforced: {_reason(matcher.get_error())}")
-        return GrammarMatcher(matcher)
+        "One fresh matcher at the start of the grammar (see matchers)."
+        return self.matchers(grammar, 1)[0]
 
 # %% ../nbs/07a_structured_output.ipynb #f86a917f
 def allocate_token_masks(rows: int, vocab_size: int) -> torch.Tensor:
@@ -146,6 +162,14 @@ def forbid_tokens(masks: torch.Tensor, row: int, token_ids) -> None:
     for t in token_ids:
         word, bit = divmod(t, MASK_BITS)
         masks[row, word] &= ~(torch.tensor(1, dtype=torch.int32) << bit)   # (1 << 31 wraps to int32's sign bit)
+
+
+def _forbid_unless_nothing_left(masks: torch.Tensor, row: int, token_ids) -> None:
+    "Forbid token_ids in masks[row], unless they are all the row allows: then the grammar says the text ends here."
+    if not token_ids: return
+    allowed = masks[row].clone()
+    forbid_tokens(masks, row, token_ids)
+    if not masks[row].any(): masks[row] = allowed
 
 
 class MaskRow(NamedTuple):
@@ -171,7 +195,7 @@ def fill_token_masks(masks: torch.Tensor, jobs: list[MaskRow], executor: llguida
         failure = job.matcher.violation()
         if failure: failures[job.row] = failure
         else:
-            forbid_tokens(masks, job.row, job.forbidden)
+            _forbid_unless_nothing_left(masks, job.row, job.forbidden)
             rows.append(job.row)
     return TickMasks(masks, rows, failures, time.perf_counter() - start)
 
@@ -180,5 +204,7 @@ def append_token(completion: Completion, token: SampledToken, matcher: GrammarMa
     "Give one sampled token to its matcher (GrammarViolation if refused), then to the completion; a complete grammar ends it \"stop\"."
     if matcher is not None: matcher.accept(token.token_id)
     delta = completion.append(token)
-    if matcher is not None and matcher.is_finished and not completion.finished: delta += completion.end("stop")
+    if matcher is not None and matcher.is_finished:  # the grammar's end is "stop", even at the max_tokens-th token
+        if not completion.finished: delta += completion.end("stop")
+        elif completion.finish_reason == "length": completion.finish_reason = "stop"
     return delta

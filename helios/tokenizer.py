@@ -136,26 +136,25 @@ def _validate_tool_calls(calls, role: str, where: str):
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    "Validated messages as Hugging Face templates read them: tool call arguments as dicts, content a string."
+    "Validated messages as Hugging Face templates read them: tool call arguments as dicts (when objects), content a string."
     validate_messages(messages)
-    return [_template_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    return [_template_message(m) for m in messages]
 
 
-def _template_message(message: dict, where: str) -> dict:
+def _template_message(message: dict) -> dict:
     if not message.get("tool_calls"): return message
-    calls = [{**c, "function": {**c["function"], "arguments": _arguments_object(
-        c["function"]["arguments"], f"{where}.tool_calls[{j}].function.arguments")}}
-        for j, c in enumerate(message["tool_calls"])]
+    calls = [{**c, "function": {**c["function"], "arguments": _template_arguments(c["function"]["arguments"])}}
+             for c in message["tool_calls"]]
     return {**message, "content": message.get("content") or "", "tool_calls": calls}
 
 
-def _arguments_object(arguments: str | dict, where: str) -> dict:
-    "A tool call's arguments, sent as JSON text (OpenAI) or already a dict (transformers)."
+def _template_arguments(arguments: str | dict) -> dict | str:
+    """A tool call's arguments as a template reads them: a dict when they are one or are the JSON text of an object
+    (OpenAI sends text), else the text as sent (a model may have written other text; a client replays it)."""
     if isinstance(arguments, dict): return arguments
     try: value = json.loads(arguments)
-    except json.JSONDecodeError as e: raise ValueError(f"{where} must be the JSON text of an object: {e}") from None
-    if not isinstance(value, dict): raise ValueError(f"{where} must be the JSON text of an object, got {arguments!r}")
-    return value
+    except (ValueError, RecursionError): return arguments  # not JSON (JSONDecodeError is a ValueError), or nested too deep
+    return value if isinstance(value, dict) else arguments
 
 # %% ../nbs/05_tokenizer.ipynb #d010b006
 def _token_text(tok) -> str | None:

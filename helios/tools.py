@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/tools_and_reasoning.html.md"""
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from typing import Iterable, NamedTuple
@@ -132,9 +133,11 @@ def lark_literal(text: str) -> str: return json.dumps(text)  # a Lark string: JS
 
 
 def lark_tag(tag: str, tokenizer: Tokenizer) -> str:
-    "A tag in Lark: the token itself where the vocabulary has it as one added token, else its text."
+    """A tag in Lark: the token itself where the vocabulary has it as one added token that is not special (so the
+    detokenized text shows it), else its text."""
     token_id = tokenizer.backend.token_to_id(tag)
-    return tag if token_id is not None and token_id in tokenizer.backend.get_added_tokens_decoder() else lark_literal(tag)
+    added = tokenizer.backend.get_added_tokens_decoder().get(token_id) if token_id is not None else None
+    return tag if added is not None and not added.special else lark_literal(tag)
 
 
 def tool_call_lark(functions: list[ToolFunction], choice: str | None, parallel: bool, *, tokenizer: Tokenizer) -> str:
@@ -164,14 +167,28 @@ def held_back(text: str, tag: str) -> int:
     return len(text) - len(text[:len(text) - partial].rstrip())
 
 
+def _finite_number(text: str) -> float:
+    "A JSON number that JSON can write back: one that overflows a float (1e999) is refused."
+    value = float(text)
+    if not math.isfinite(value): raise ValueError(f"{text} is too large for a float")
+    return value
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity, -Infinity: Python's json reads them, JSON has no such thing
+
+
 def parse_tool_call(block: str) -> ToolCall | None:
-    "The call a block's JSON describes, or None when it is not {'name': str, 'arguments': object}."
-    try: value = json.loads(block)
-    except json.JSONDecodeError: return None
+    "The call a block's JSON describes, or None when it is not {'name': str, 'arguments': object} of finite numbers."
+    try: value = json.loads(block, parse_float=_finite_number, parse_constant=_not_json)
+    except ValueError: return None  # not JSON (JSONDecodeError is a ValueError), or numbers JSON cannot write
     if not isinstance(value, dict) or not isinstance(value.get("name"), str): return None
     arguments = value.get("arguments", {})
     if not isinstance(arguments, dict): return None
-    return ToolCall(new_tool_call_id(), value["name"], json.dumps(arguments, ensure_ascii=False))
+    text = json.dumps(arguments, ensure_ascii=False)
+    try: text.encode("utf-8")
+    except UnicodeEncodeError: return None  # an escaped lone surrogate ("\ud800"): no UTF-8 response could carry it
+    return ToolCall(new_tool_call_id(), value["name"], text)
 
 
 class ToolCallParser:
@@ -197,9 +214,12 @@ class ToolCallParser:
         return ChatDelta("".join(content), tool_calls=tuple(calls))
 
     def finish(self) -> ChatDelta:
-        "What is still held back once the output is complete (an unclosed block is a call if its JSON is whole)."
+        """What is still held back once the output is complete. An unclosed block is a call if its JSON is whole;
+        otherwise the output was cut inside a call (max_tokens), and its unfinished text is dropped, never content."""
         content, calls = [], []
-        if self._in_block: self._close_block(self._buffer, "", content, calls)
+        if self._in_block:
+            call = parse_tool_call(self._buffer)
+            if call: calls.append(call)
         else: content.append(self._content(self._buffer))
         self._buffer = ""
         return ChatDelta("".join(content), tool_calls=tuple(calls))

@@ -136,7 +136,9 @@ class PrefixCache:
         del self._idle[page]
 
     def blocks(self, now: float, page_size: int) -> list[CachedBlock]:
-        "Every cached block, shallowest first (so a parent comes before its children)."
+        """Every cached block, shallowest first. A block's parent may be missing from the list: when two requests
+        register the same prompt at once, the later one's deeper blocks hang off the earlier one's page, which can be
+        evicted first; lookups reach the child again once a prompt caches that parent again."""
         def short(h: bytes) -> str: return h.hex()[:HASH_PREFIX_CHARS]
         return sorted((CachedBlock(short(h), None if b.parent == ROOT_HASH else short(b.parent), b.depth, page_size,
                                    b.page, b.hits, now - self._idle[b.page] if b.page in self._idle else None)

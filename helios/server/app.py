@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/server.html.md"""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, replace
 
@@ -29,7 +30,8 @@ from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, C
 # %% auto #0
 __all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S',
            'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body', 'openapi_with',
-           'parsed', 'create_app', 'num_prompts', 'completion_prompts', 'add_inspection_routes', 'served_name', 'serve']
+           'parsed', 'create_app', 'num_prompts', 'completion_prompts', 'cache_report_body', 'add_inspection_routes',
+           'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -161,7 +163,9 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
                                param="messages")
             params = replace(params, max_tokens=min(max_request_tokens - len(ids), DEFAULT_CHAT_MAX_TOKENS))
         params = replace(params, grammar=await asyncio.to_thread(chat_grammar, grammars, llm.tokenizer, body))
-        shape = ChatShape(llm.tokenizer.supports_thinking, tools is not None, chat.starts_in_reasoning)
+        # a grammar fixes the answer from its first token, so it never starts inside a think block the prompt opened
+        shape = ChatShape(llm.tokenizer.supports_thinking, tools is not None,
+                          chat.starts_in_reasoning and params.grammar is None, body.parallel_tool_calls is not False)
         return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, shape,
                          settings.wants_timings(body)).respond(request)
 
@@ -197,6 +201,12 @@ async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int)
 CACHE_REPORT_TIMEOUT_S = 5.0
 
 
+def cache_report_body(llm: LLM) -> bytes:
+    "GET /v1/cache's JSON: the engine thread's CacheReport (chapter 11), encoded."
+    report = llm.engine.inspect_cache(CACHE_REPORT_TIMEOUT_S)
+    return json.dumps({"object": "prefix_cache", **as_json(report)}).encode()
+
+
 def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
     "POST /tokenize, POST /detokenize (vLLM's shapes) and GET /v1/cache (the prefix cache's report)."
     name, context, tokenizer = settings.served_model_name, llm.config.max_position_embeddings, llm.tokenizer
@@ -212,7 +222,7 @@ def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
         else:
             messages = [m.for_template() for m in body.messages]
             check_prompt_chars("".join(m["content"] for m in messages), char_limit, context, "messages")
-            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
             ids = (await asyncio.to_thread(render_chat, tokenizer, messages, tools, body.chat_template_kwargs,
                                            body.add_generation_prompt is not False, body.add_special_tokens is True)).token_ids
         out = {"count": len(ids), "max_model_len": context, "tokens": ids}
@@ -225,18 +235,18 @@ def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
         check_model(body.model, name)
         if not body.tokens: return {"prompt": ""}
         try:
-            validate_prompt(body.tokens, llm.config.vocab_size)
+            validate_prompt(body.tokens, min(llm.config.vocab_size, tokenizer.vocab_size))  # ids that have text
         except ValueError as e:
             raise APIError(400, str(e).replace("prompt token ids", "tokens"), param="tokens") from None
         return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens, False)}
 
     @app.get("/v1/cache", responses=ERROR_RESPONSES)
     async def cache():
-        try:
-            report = await asyncio.to_thread(llm.engine.inspect_cache, CACHE_REPORT_TIMEOUT_S)
+        try:  # a big pool lists many blocks: building and encoding the report both run on a worker thread
+            body = await asyncio.to_thread(cache_report_body, llm)
         except (TimeoutError, EngineError) as e:
             raise APIError(503, f"the engine did not report its cache: {e}", code="engine_busy") from None
-        return {"object": "prefix_cache", **as_json(report)}
+        return Response(body, media_type="application/json")
 
 # %% ../../nbs/13_server.ipynb #9cd701c0
 DEFAULT_SHUTDOWN_GRACE_S = 30.0

@@ -87,6 +87,7 @@ class ChatShape(NamedTuple):
     reasoning: bool
     tools: bool
     starts_in_reasoning: bool = False
+    parallel_tool_calls: bool = True   # False: the first call only, as OpenAI's parallel_tool_calls asks
 
     def parser(self) -> ChatOutputParser:
         return ChatOutputParser(self.reasoning, self.tools, self.starts_in_reasoning)
@@ -94,6 +95,7 @@ class ChatShape(NamedTuple):
     def message(self, text: str) -> tuple[dict, bool]:
         "The assistant message of a whole completion, and whether it called tools."
         parsed = self.parser().parse(text)
+        if not self.parallel_tool_calls: parsed = parsed._replace(tool_calls=parsed.tool_calls[:1])
         message = {"role": "assistant", "content": (parsed.content or None) if parsed.tool_calls else parsed.content}
         if self.reasoning: message["reasoning_content"] = parsed.reasoning or None
         if parsed.tool_calls: message["tool_calls"] = [tool_call_json(call) for call in parsed.tool_calls]
@@ -110,6 +112,7 @@ class ChatDeltas:
     "One streamed chat completion: text deltas in, OpenAI delta objects out (tool calls numbered as they come)."
     def __init__(self, shape: ChatShape):
         self.parser, self.num_calls = shape.parser(), 0
+        self.max_calls = None if shape.parallel_tool_calls else 1
 
     def feed(self, text: str) -> dict: return self._json(self.parser.feed(text))
 
@@ -119,6 +122,8 @@ class ChatDeltas:
         delta = {}
         if parsed.reasoning: delta["reasoning_content"] = parsed.reasoning
         if parsed.content: delta["content"] = parsed.content
+        calls = parsed.tool_calls if self.max_calls is None else parsed.tool_calls[:max(0, self.max_calls - self.num_calls)]
+        parsed = parsed._replace(tool_calls=calls)
         if parsed.tool_calls:
             delta["tool_calls"] = [tool_call_json(call, self.num_calls + i) for i, call in enumerate(parsed.tool_calls)]
             self.num_calls += len(parsed.tool_calls)

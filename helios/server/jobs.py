@@ -70,7 +70,7 @@ class Job:
     async def respond(self, request: Request):
         loop = asyncio.get_running_loop()
         if self.params.grammar is None: self._start(loop)
-        else: await asyncio.to_thread(self._start, loop)  # submit checks the grammar: tens of ms for a large schema
+        else: await asyncio.to_thread(self._start, loop)  # submit compiles the grammar: up to a second for a huge schema
         streams = [r.events() for r in self.requests]
         if self.body.stream:
             return StreamingResponse(self._sse(streams), media_type="text/event-stream")

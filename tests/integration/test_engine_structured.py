@@ -8,7 +8,7 @@ from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine, EngineError
-from helios.sampling import InvalidParam
+from helios.sampling import InvalidParam, unpack_token_masks
 from helios.structured import GrammarViolation, json_schema_grammar, lark_grammar
 
 # Bounded schemas: every string has a maxLength, every integer a range, every array maxItems and no object takes
@@ -129,6 +129,67 @@ def test_grammar_with_ignore_eos(tiny):
     assert eos not in run_out.token_ids
     assert_valid(obj, OPTIONAL)                                   # a complete object ends "stop", with no EOS sampled
     assert eos not in obj.token_ids
+    assert_pool_idle(engine)
+
+
+def test_grammars_compile_once_in_submit_on_the_callers_thread(tiny, monkeypatch):
+    "n=2: one compile, on the submitting thread; the engine thread builds no matcher (a large schema stalls nothing)."
+    import threading
+    import llguidance
+    grammar, compiled, real = json_schema_grammar(ARRAYS), [], llguidance.LLMatcher
+    tiny.engine.grammars.ll_tokenizer                         # built before counting
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **kw: compiled.append(threading.current_thread()) or real(*a, **kw))
+    out = tiny.generate("A", SamplingParams(grammar=grammar, max_tokens=MAX_TOKENS, n=2, temperature=1.0, seed=4),
+                        use_tqdm=False)[0]
+    monkeypatch.undo()
+    assert compiled == [threading.current_thread()]
+    assert_valid(out, ARRAYS)
+    assert out.outputs[0].token_ids != out.outputs[1].token_ids  # two matchers, each its own text
+
+
+def test_submit_carries_the_matchers_and_admission_builds_none(tiny):
+    engine = step_engine(tiny)
+    handle = engine.submit(tiny.tokenizer.encode("a"), constrained(ENUMS, temperature=0, n=2))
+    (kind, req), = list(engine._inbox.queue)
+    assert kind == "add" and len(req.matchers) == 2 and req.matchers[0] is not req.matchers[1]
+    def no_compiling(*args, **kw): raise AssertionError("a matcher built on the engine thread")
+    engine.grammars.matchers = engine.grammars.matcher = no_compiling
+    while engine.step(): pass
+    assert_valid(handle.result(), ENUMS)
+
+
+def test_a_grammar_complete_at_max_tokens_ends_stop(tiny):
+    engine = step_engine(tiny)
+    exact, open_ended = [SamplingParams(grammar=lark_grammar(g), temperature=0, max_tokens=1) for g in ('start: "a"', 'start: "a"+')]
+    done, cut = run(engine, [(tiny.tokenizer.encode("x"), exact), (tiny.tokenizer.encode("y"), open_ended)])
+    assert (done.finish_reason, done.text) == ("stop", "a")   # the limit and the grammar's end at one token: "stop"
+    assert cut.finish_reason == "length" and set(cut.text) == {"a"}  # the grammar could go on: the limit ended it
+    assert_pool_idle(engine)
+
+
+def test_ignore_eos_under_a_grammar_that_can_only_end(tiny):
+    engine = step_engine(tiny)
+    eos = min(tiny.tokenizer.eos_token_ids)
+    params = SamplingParams(grammar=lark_grammar('start: ""'), temperature=1.0, seed=0, max_tokens=5, ignore_eos=True)
+    (out,) = run(engine, [(tiny.tokenizer.encode("x"), params)])
+    assert (out.finish_reason, out.token_ids, out.text) == ("stop", [eos], "")  # EOS was all it allowed: kept
+    assert engine.stats().num_requests_failed == 0
+    assert_pool_idle(engine)
+
+
+def test_the_engines_eos_set_is_the_grammars_end(tiny):
+    "The model config may add EOS ids to the tokenizer's: the masks allow them where the grammar may end, ignore_eos forbids them."
+    eos = tiny.tokenizer.eos_token_ids | {0}
+    engine = Engine(tiny.model, tiny.tokenizer, eos, EngineConfig(max_batch_size=4, prefill_chunk_size=64, page_size=16),
+                    num_pages=256)
+    assert engine.grammars.eos_token_ids == eos == engine.eos_token_ids
+    a_run = lambda ignore: SamplingParams(grammar=lark_grammar('start: "a"+'), temperature=0, max_tokens=3, ignore_eos=ignore)
+    handles = [engine.submit(tiny.tokenizer.encode(p), a_run(ignore)) for p, ignore in (("x", False), ("y", True))]
+    engine.step(), engine.step()                             # prefill and "a"; then a mask after "a", where the grammar may end
+    allowed = unpack_token_masks(engine._token_masks[:2], tiny.config.vocab_size)
+    assert {tuple(bool(allowed[r, t]) for t in sorted(eos)) for r in (0, 1)} == {(True, True), (False, False)}
+    while engine.step(): pass
+    for h in handles: h.result()
     assert_pool_idle(engine)
 
 

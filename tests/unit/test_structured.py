@@ -134,8 +134,85 @@ def test_masks_shape_and_ids_past_the_tokenizer(tok):
     masks = allocate_token_masks(2, V + 33)
     assert masks.shape == (2, 1538) and masks.dtype == torch.int32 and (masks == -1).all()
     wide = TokenGrammars(tok, V + 33)
-    wide.matcher(json_object_grammar()).fill_mask(masks, 1)
-    assert not unpack_token_masks(masks, V + 33)[1, V:].any()
+    inside_a_key = wide.matcher(json_object_grammar())
+    for t in ids(tok, '{"'): inside_a_key.accept(t)          # inside a string: almost every token is allowed...
+    inside_a_key.fill_mask(masks, 1)
+    allowed = unpack_token_masks(masks, V + 33)[1]
+    assert allowed[:V].sum() > 40_000
+    assert not allowed[V:].any()                             # ...but never an id the tokenizer lacks
+
+
+def test_matchers_compile_once_and_copy_for_the_other_completions(tok, grammars, monkeypatch):
+    import llguidance
+    grammar, compiled, real = json_schema_grammar(PERSON), [], llguidance.LLMatcher
+    grammars.ll_tokenizer                                    # built before counting
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **kw: compiled.append(1) or real(*a, **kw))
+    matchers = grammars.matchers(grammar, 3)
+    monkeypatch.undo()
+    assert len(compiled) == 1 and len({id(m) for m in matchers}) == len({id(m._matcher) for m in matchers}) == 3
+    for t in ids(tok, '{"name":"Ada","age":36}'): matchers[0].accept(t)
+    assert matchers[0].is_finished and not matchers[1].is_finished   # each its own state
+    masks = allocate_token_masks(2, V)
+    matchers[1].fill_mask(masks, 0)
+    grammars.matcher(grammar).fill_mask(masks, 1)
+    assert torch.equal(masks[0], masks[1])                   # a copy starts where a fresh matcher does
+    matchers[2].accept(ids(tok, "{")[0])
+    copied = matchers[2].copy()                              # a copy mid-text: the same state, then its own
+    for t in ids(tok, '"name":"Ada","age":36}'): copied.accept(t)
+    assert copied.is_finished and not matchers[2].is_finished and matchers[2].violation() is None
+
+
+@pytest.mark.parametrize("grammar, param, reason", [
+    (json_schema_grammar({"type": "object", "properties": {"a": {"type": "frob"}}}), "grammar", "Invalid type: frob"),
+    (lark_grammar("start: foo"), "tools", 'unknown name: "foo"'),
+    ({"type": "object"}, "response_format", "must be a grammar string"),
+])
+def test_matchers_refuse_what_check_refuses_under_the_callers_param(grammars, grammar, param, reason):
+    with pytest.raises(InvalidParam, match=reason) as e: grammars.matchers(grammar, 2, param=param)
+    assert e.value.param == param
+    with pytest.raises(InvalidParam, match=reason): grammars.check(grammar, param=param)
+
+
+def test_matchers_refuse_a_vocabulary_wider_than_the_model(tok):
+    with pytest.raises(InvalidParam, match="more than the model's") as e: TokenGrammars(tok, 1000).matchers(json_object_grammar(), 1)
+    assert e.value.param == "grammar"
+
+
+def test_the_end_of_a_mask_is_the_eos_set_given(tok, grammars):
+    assert grammars.eos_token_ids == tok.eos_token_ids == {2}            # by default the tokenizer's
+    engines = TokenGrammars(tok, V, frozenset({0, 2}))                  # the engine's: tokenizer and model config
+    assert engines.eos_token_ids == {0, 2}
+    allowed = allowed_after(engines, lark_grammar('start: "a"+'), ids(tok, "a"))
+    assert 0 in allowed and 2 in allowed
+    assert 0 not in allowed_after(grammars, lark_grammar('start: "a"+'), ids(tok, "a"))
+    past_the_logits = TokenGrammars(tok, V, frozenset({2, V + 7}))      # a config id the logits cannot reach
+    assert past_the_logits.eos_token_ids == {2} and past_the_logits.matchers(json_object_grammar(), 1)
+
+
+def test_ignore_eos_keeps_eos_when_it_is_all_the_grammar_allows(tok, grammars):
+    complete = grammars.matcher(json_schema_grammar(PERSON))
+    for t in ids(tok, '{"name":"Ada","age":36}'): complete.accept(t)
+    jobs = [MaskRow(0, grammars.matcher(lark_grammar('start: ""')), (2,)), MaskRow(1, complete, (2,)),
+            MaskRow(2, grammars.matcher(lark_grammar('start: "a"+')), (2,))]
+    masks = allocate_token_masks(3, V)
+    jobs[2].matcher.accept(ids(tok, "a")[0])
+    filled = fill_token_masks(masks, jobs, grammars.executor)
+    allowed = unpack_token_masks(masks, V)
+    assert filled.rows == [0, 1, 2]
+    assert allowed[0].nonzero()[:, 0].tolist() == [2] and allowed[1].nonzero()[:, 0].tolist() == [2]
+    assert not allowed[2, 2] and allowed[2].any()           # where the grammar may go on, EOS is taken out
+
+
+def test_a_grammar_complete_at_max_tokens_ends_stop(tok, grammars):
+    from helios.sampling import Completion, SampledToken
+    from helios.structured import append_token
+    (a,) = ids(tok, "a")
+    at_limit = Completion(SamplingParams(max_tokens=1), tok, tok.eos_token_ids)
+    assert append_token(at_limit, SampledToken(a, None), grammars.matcher(lark_grammar('start: "a"'))) == "a"
+    assert at_limit.finish_reason == "stop" and at_limit.text == "a"
+    open_ended = Completion(SamplingParams(max_tokens=1), tok, tok.eos_token_ids)
+    append_token(open_ended, SampledToken(a, None), grammars.matcher(lark_grammar('start: "a"+')))
+    assert open_ended.finish_reason == "length"             # the grammar could go on: the limit ended it
 
 
 def test_forbid_tokens_clears_exactly_those_bits_sign_bit_included():

@@ -10,9 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from helios.sampling import InvalidParam
 from helios.structured import GrammarViolation, TokenGrammars, allocate_token_masks
-from helios.tokenizer import ChatTemplateError, IncrementalDetokenizer, load_tokenizer
-from helios.tools import (ChatDelta, ToolCallParser, check_tool_choice, merge_deltas, tool_call_grammar,
-                          tool_call_lark, tool_functions)
+from helios.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer, load_tokenizer
+from helios.tools import (ChatDelta, ToolCallParser, check_tool_choice, lark_tag, merge_deltas, parse_tool_call,
+                          tool_call_grammar, tool_call_lark, tool_functions)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -124,16 +124,30 @@ def test_template_messages_are_checked(tools_tok):
     call = {"role": "assistant", "content": None,
             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
     assert "<tool_call>" in tools_tok.apply_chat_template([user, call])
-    for bad, says in [({**call, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},
-                       r"messages\[1\].tool_calls\[0\].function.arguments must be the JSON text of an object"),
-                      ({**call, "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}, "JSON text of an object"),
-                      ({**call, "tool_calls": [{"function": {"name": "f"}}]}, r"messages\[1\].tool_calls\[0\] must be"),
+    for bad, says in [({**call, "tool_calls": [{"function": {"name": "f"}}]}, r"messages\[1\].tool_calls\[0\] must be"),
+                      ({**call, "tool_calls": [{"function": {"name": "f", "arguments": ["x"]}}]}, r"tool_calls\[0\] must be"),
                       ({**call, "tool_calls": "f()"}, "must be a list"),
                       ({**call, "role": "user"}, "only assistant messages"),
                       ({"role": "tool", "content": None}, r"messages\[1\] must be a dict")]:
         with pytest.raises(ValueError, match=says): tools_tok.apply_chat_template([user, bad])
     with pytest.raises(ChatTemplateError, match="system message"):
         tools_tok.apply_chat_template([user, {"role": "system", "content": "late"}])
+
+
+def test_replayed_arguments_that_are_not_an_object_reach_the_template_as_text(tools_tok):
+    "A client replays a model's call as it came: arguments that are not a JSON object's text are rendered, not refused."
+    user = {"role": "user", "content": "hi"}
+    replay = lambda arguments: tools_tok.apply_chat_template([user, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}])
+    assert '"arguments": {"a": 1}}' in replay('{"a": 1}') and replay('{"a": 1}') == replay({"a": 1})
+    for text in ("{oops", "[1]", "", "[" * 100_000, "NaN"):
+        assert f'"arguments": {json.dumps(text)}}}' in replay(text)   # this template writes any value with tojson
+    qwen3_branch = Tokenizer(tools_tok.backend, chat_template=(
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}{% if c.function.arguments is string %}"
+        "{{ c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}{% endif %}{% endfor %}{% endfor %}"))
+    for arguments, rendered in [("[1]", "[1]"), ("{oops", "{oops"), ('{"a":1}', '{"a": 1}')]:
+        assert qwen3_branch.apply_chat_template([user, {"role": "assistant", "content": None, "tool_calls": [
+            {"function": {"name": "f", "arguments": arguments}}]}], add_generation_prompt=False) == rendered
 
 
 # ---- the grammar, under a random "model" ----
@@ -227,6 +241,28 @@ def test_tags_are_the_vocabularys_own_tokens_or_text(tools_tok, grammars, smollm
     assert '"<tool_call>"' in tool_call_lark(functions, "get_time", False, tokenizer=load_tokenizer(smollm2_gguf))
 
 
+def test_a_special_tag_token_is_spelled_as_text(smollm2_gguf):
+    "A tag the tokenizer marks special is dropped by the detokenizer: the grammar spells it, so the parser sees it."
+    from tokenizers import AddedToken
+    tok = load_tokenizer(smollm2_gguf)
+    tok.backend.add_tokens([AddedToken(t, special=True, normalized=False) for t in ("<tool_call>", "</tool_call>")])
+    special_id = tok.backend.token_to_id("<tool_call>")
+    assert tok.decode([special_id]) == ""                                  # what the streamed text would show
+    assert lark_tag("<tool_call>", tok) == '"<tool_call>"' and lark_tag("</tool_call>", tok) == '"</tool_call>"'
+    grammar = tool_call_grammar(tool_functions([CLOCK]), "get_time", False, tokenizer=tok)
+    token_grammars = TokenGrammars(tok, tok.vocab_size)
+    with pytest.raises(GrammarViolation): token_grammars.matcher(grammar).accept(special_id)
+    text = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    spelled = [t for piece in ("<", "tool", "_", "call", ">") for t in tok.encode(piece, add_special_tokens=False)]
+    rest = tok.encode(text[len("<tool_call>"):-len("</tool_call>")], add_special_tokens=False)
+    closing = [t for piece in ("</", "tool", "_", "call", ">") for t in tok.encode(piece, add_special_tokens=False)]
+    matcher = token_grammars.matcher(grammar)
+    for t in spelled + rest + closing: matcher.accept(t)
+    assert matcher.is_finished
+    (call,) = parse(tok.decode(spelled + rest + closing)).tool_calls
+    assert (call.name, call.arguments) == ("get_time", "{}")
+
+
 # ---- the streaming parser ----
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
@@ -250,13 +286,28 @@ def without_ids(delta: ChatDelta) -> tuple:
     ("x\n<tool_call>\n[1, 2]\n</tool_call>", "x\n<tool_call>\n[1, 2]\n</tool_call>", 0),
     ('<tool_call>\n{"name": "get_time"}\n</tool_call>', "", 1),
     ('<tool_call>\n{"name": "get_time", "arguments": {}}', "", 1),  # stopped before the closing tag
-    ("<tool_call>\n{\"name\": ", "<tool_call>\n{\"name\": ", 0),
+    ("<tool_call>\n{\"name\": ", "", 0),   # cut inside a call (max_tokens): neither content nor a call
+    ("Checking.\n<tool_call>\n{\"name\": ", "Checking.", 0),
+    ('<tool_call>{"name": "f", "arguments": {"x": "\\ud800"}}</tool_call>',   # a lone surrogate: not UTF-8
+     '<tool_call>{"name": "f", "arguments": {"x": "\\ud800"}}</tool_call>', 0),
     ("ends with <tool_ca", "ends with <tool_ca", 0),
 ])
 def test_parser_splits_content_and_calls(text, content, calls):
     result = parse(text)
     assert result.content == content and len(result.tool_calls) == calls
     assert all(c.id.startswith("call_") and len(c.id) == 29 for c in result.tool_calls)
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"])
+def test_a_block_with_numbers_json_cannot_write_is_content(number):
+    block = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"days": {number}}}}}\n</tool_call>'
+    assert parse(block) == ChatDelta(block)
+    assert parse_tool_call(f'{{"name": "f", "arguments": {{"x": [1, {{"y": {number}}}]}}}}') is None
+
+
+def test_large_finite_numbers_are_still_calls():
+    call = parse_tool_call('{"name": "f", "arguments": {"x": 1e308, "n": 123456789012345678901234567890}}')
+    assert json.loads(call.arguments) == {"x": 1e308, "n": 123456789012345678901234567890}
 
 
 def test_arguments_come_back_as_json_text():

@@ -113,6 +113,45 @@ def test_tool_choice_none_renders_no_tools(server):
     assert without.choices[0].message.tool_calls is None
 
 
+def test_tokenize_renders_no_tools_under_tool_choice_none(server):
+    counted = httpx.post(server.url + "/tokenize", headers=server.headers,
+                         json={"messages": ASK, "tools": TOOLS, "tool_choice": "none"}).json()
+    chat = server.client().chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none",
+                                                   max_tokens=1, temperature=0)
+    assert counted["count"] == chat.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_tools_folder, tmp_path_factory):
+    "The tools checkpoint with a template whose generation prompt opens a think block (as thinking-only models do)."
+    import shutil
+    folder = tmp_path_factory.mktemp("opens-think")
+    shutil.copytree(tiny_tools_folder, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace("{{- '<|im_start|>assistant\\n' -}}",
+                                                              "{{- '<|im_start|>assistant\\n<think>\\n' -}}")
+    assert "assistant\\n<think>" in config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    s = Server("--model", str(folder), "--served-model-name", "tiny", "--kv-cache-bytes", str(4 << 20))
+    yield s
+    assert s.stop() == 0
+
+
+def test_a_grammar_answer_is_content_after_a_prompt_that_opens_a_think_block(thinking_server):
+    "The grammar fixes the answer from its first token: nothing of it is reasoning, though the prompt opened <think>."
+    c = thinking_server.client()
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+              "additionalProperties": False}
+    r = c.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=MAX_TOKENS,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None
+    r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                  max_tokens=MAX_TOKENS)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert_valid_calls(r.choices[0].message)
+
+
 def test_auto_is_free_text_parsed(server):
     "With tool_choice auto the noise the tiny model writes is content (it never happens to write a call)."
     r = server.client().chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, temperature=0, max_tokens=16,
