@@ -232,3 +232,15 @@ def test_auto_on_the_default_model_is_recorded(smollm2_llm_factory, capsys):
     if choice["message"].get("tool_calls"):   # a call it did make is well-formed
         assert choice["finish_reason"] == "tool_calls"
         for call in choice["message"]["tool_calls"]: json.loads(call["function"]["arguments"])
+
+
+def test_replayed_arguments_that_do_not_parse_are_rendered_as_written(server):
+    "A model may write arguments that are not JSON; the client replays them, and the template gets them as written."
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    counted = httpx.post(server.url + "/tokenize", headers=server.headers, json={"messages": history, "tools": TOOLS}).json()
+    rendered = httpx.post(server.url + "/detokenize", headers=server.headers, json={"tokens": counted["tokens"]}).json()
+    assert "{oops" in rendered["prompt"]
+    r = server.client().chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens == counted["count"]
