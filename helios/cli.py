@@ -15,6 +15,7 @@ from typing import TextIO
 
 import torch
 
+from .config import KV_RESERVATIONS
 from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
@@ -45,6 +46,13 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--prefill-chunk-size", type=int)
     p.add_argument("--page-size", type=int)
     p.add_argument("--kv-cache-bytes", type=byte_count, help="KV budget in bytes, e.g. 2e9")
+    p.add_argument("--kv-reservation", choices=KV_RESERVATIONS,
+                   help="on-demand (default): pages for the prompt, one more each time decode fills one, preempting the "
+                        "newest request when none is left; full: prompt + max_tokens reserved at admission [HELIOS_KV_RESERVATION]")
+    p.add_argument("--kv-watermark", type=float, help="on-demand: share of the pool an admission leaves free (default 0.01)")
+    p.add_argument("--kv-offload-bytes", type=byte_count,
+                   help="host tier for evicted prefix pages and preempted requests, e.g. 8e9 (default: 0 on CPU, "
+                        "4 GiB on CUDA) [HELIOS_KV_OFFLOAD_BYTES]")
     p.add_argument("--max-queue", type=int)
     p.add_argument("--prefix-cache-ttl-s", type=float)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
@@ -117,7 +125,8 @@ def _params(args) -> SamplingParams:
                           top_k=args.top_k, seed=args.seed)
 
 
-ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "max_queue",
+ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "kv_reservation", "kv_watermark",
+               "kv_offload_bytes", "max_queue",
                "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul")
 
 

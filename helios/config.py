@@ -16,8 +16,8 @@ from .registry import AUTO, KINDS, check_choice
 
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'PAGE_SIZE', 'PREFILL_AGING_S', 'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION',
-           'ENV_PREFIX', 'RopeScaling', 'ModelConfig', 'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama',
-           'EngineConfig']
+           'DEFAULT_GPU_KV_OFFLOAD_BYTES', 'KV_RESERVATIONS', 'ENV_PREFIX', 'RopeScaling', 'ModelConfig',
+           'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'EngineConfig']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama")
@@ -139,6 +139,8 @@ PAGE_SIZE = 256                      # tokens per KV page (and per prefix-cache 
 PREFILL_AGING_S = 0.100              # a prompt waiting this long for prefill goes first
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30 # KV budget on CPU when none is given: 2 GiB
 DEFAULT_GPU_MEMORY_FRACTION = 0.90   # on GPU: this share of the memory left after loading weights
+DEFAULT_GPU_KV_OFFLOAD_BYTES = 4 << 30  # host tier next to a GPU when none is given: 4 GiB of pinned memory
+KV_RESERVATIONS = ("on-demand", "full")  # pages for the prompt, a page more when decode fills one; or prompt + max_tokens
 
 ENV_PREFIX = "HELIOS_"
 
@@ -150,6 +152,9 @@ class EngineConfig:
     prefill_chunk_size: int = 512      # tokens per tick: decode tokens first, prefill chunks after
     page_size: int = PAGE_SIZE
     kv_cache_bytes: int | None = None  # None: DEFAULT_CPU_KV_CACHE_BYTES, or a fraction of free GPU memory
+    kv_reservation: str = "on-demand"  # "on-demand" or "full" (KV_RESERVATIONS)
+    kv_watermark: float = 0.01         # on-demand: share of the pool an admission leaves free for running decodes
+    kv_offload_bytes: int | None = None  # host tier for evicted prefix pages and preempted requests; None: 0 on CPU
     max_queue: int = 1024              # requests waiting for admission before new ones are refused
     prefix_cache_ttl_s: float = 300.0  # an unused cached prefix page lives this long
     enable_prefix_caching: bool = True
@@ -162,6 +167,12 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.kv_offload_bytes is not None and self.kv_offload_bytes < 0:
+            raise ValueError(f"kv_offload_bytes must be >= 0, got {self.kv_offload_bytes}")
+        if self.kv_reservation not in KV_RESERVATIONS:
+            raise ValueError(f"kv_reservation must be one of {', '.join(KV_RESERVATIONS)}, got {self.kv_reservation!r}")
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if self.prefix_cache_ttl_s < 0:
             raise ValueError(f"prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")
         for kind in KINDS: check_choice(kind, getattr(self, kind))  # the one place these settings are validated

@@ -20,13 +20,16 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
-from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
+import os
+
+from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_KV_OFFLOAD_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
 from .attention.base import AttentionBackend, PagedKV, Timer, choose_backend
 from .kv.batch import build_paged_batch
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
-from .kv.pool import KVPool, describe_budget, num_pages_for_budget
+from .kv.offload import HostKVPool, KVPageCopier, describe_host_budget, num_host_pages_for_budget
+from .kv.pool import KVPool, describe_budget, num_pages_for_budget, page_bytes
 from .kv.prefix_cache import PrefixCache
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, TokenLogprobs, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
@@ -39,8 +42,8 @@ _log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'StreamEvent', 'RequestHandle', 'ModelRunner',
-           'EngineStats', 'weight_bytes', 'kv_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
-           'CacheTotals', 'CacheReport', 'cache_report']
+           'EngineStats', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt',
+           'validate_logit_bias', 'CacheTotals', 'CacheReport', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #36aab2f3
 def _interval(start: float | None, end: float | None) -> float | None:
@@ -176,19 +179,20 @@ class ModelRunner:
         self.device = model.model.embed_tokens.weight.device
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long, device=self.device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
-        self._row_of: dict[int, int] = {}
+        self._row_of: dict[int, tuple[int, int]] = {}  # seq_id -> (row, how many of its pages the row holds)
 
     def _row(self, seq: Sequence) -> int:
-        row = self._row_of.get(seq.seq_id)
-        if row is None:
-            row = self._row_of[seq.seq_id] = self._free_rows.pop()
-            self.page_table_buffer[row, :len(seq.page_table)] = torch.tensor(seq.page_table)
+        "The sequence's row of the page-table buffer, with the pages it took since the last tick written in."
+        row, written = self._row_of.get(seq.seq_id) or (self._free_rows.pop(), 0)
+        if len(seq.page_table) > written:
+            self.page_table_buffer[row, written:len(seq.page_table)] = torch.tensor(seq.page_table[written:])
+        self._row_of[seq.seq_id] = row, len(seq.page_table)
         return row
 
     def release(self, seq: Sequence):
-        "The sequence left: its page-table row is free again."
-        row = self._row_of.pop(seq.seq_id, None)
-        if row is not None: self._free_rows.append(row)
+        "The sequence left, or was preempted: its page-table row is free again."
+        entry = self._row_of.pop(seq.seq_id, None)
+        if entry is not None: self._free_rows.append(entry[0])
 
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
@@ -245,6 +249,17 @@ class EngineStats:
     num_ticks: int
     num_constrained_rows: int     # sampled rows a grammar masked
     grammar_mask_s: float         # seconds the helper thread spent filling their masks
+    num_host_pages: int = 0           # the host tier: 0 when it is off
+    num_host_free_pages: int = 0
+    num_host_cached_pages: int = 0    # prefix blocks evicted from the device, kept for a later hit
+    num_host_swapped_pages: int = 0   # preempted sequences' tokens
+    num_preemptions: int = 0
+    num_swapped: int = 0              # preemptions whose tokens went to the host tier (the others are recomputed)
+    num_recompute_tokens: int = 0     # computed tokens preemptions dropped, to be computed again
+    prefix_host_hit_tokens: int = 0   # cached tokens copied back from the host tier
+    kv_bytes_to_host: int = 0
+    kv_bytes_to_device: int = 0
+    kv_copy_s: float = 0.0            # engine-thread seconds of copies between the tiers
 
 # %% ../nbs/11_engine.ipynb #d3652f7e
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -260,6 +275,13 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * DEFAULT_GPU_MEMORY_FRACTION)
     return DEFAULT_CPU_KV_CACHE_BYTES
+
+
+def kv_offload_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    "The host tier's byte budget: explicit, else none on a CPU (host and device are one memory) and on CUDA 4 GiB at most a quarter of RAM."
+    if config.kv_offload_bytes is not None: return config.kv_offload_bytes
+    if device.type != "cuda": return 0
+    return min(DEFAULT_GPU_KV_OFFLOAD_BYTES, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4)
 
 
 def _untimed(part: str) -> nullcontext:
@@ -281,15 +303,21 @@ class Engine:
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         weights = model.model.embed_tokens.weight
         self.kv = KVPool(cfg, num_pages, config.page_size, weights.dtype, weights.device)
+        num_host_pages = num_host_pages_for_budget(cfg, kv_offload_budget_bytes(config, weights.device),
+                                                   config.page_size, weights.dtype)
+        self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, weights.dtype, pin=weights.is_cuda) if num_host_pages else None
+        self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
         cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
-        self.pages = PageManager(num_pages, config.page_size, cache)
+        self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
         self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
         # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
         # a fallback from a backend meant for this machine was warned about when it was chosen
         if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
         self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
-        self.budget_summary = describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model))
+        self.budget_summary = (describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model)) + "; "
+                               + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, weights.dtype))
+                               + f"; pages {config.kv_reservation}")
         self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
         self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
@@ -364,10 +392,17 @@ class Engine:
     def _snapshot(self) -> EngineStats:
         cache = self.pages.prefix_cache
         c = lambda name: getattr(cache, name) if cache else 0
-        return EngineStats(self.pages.num_pages, self.pages.num_free_pages, self.pages.num_cached_pages,
-                           self.pages.num_used_pages, c("lookups"), c("queried_tokens"), c("hit_pages"),
-                           c("hit_tokens"), len(self.scheduler.running), len(self.scheduler.waiting),
-                           **self._counters)
+        pages, sched, copier = self.pages, self.scheduler, self.copier
+        return EngineStats(pages.num_pages, pages.num_free_pages, pages.num_cached_pages, pages.num_used_pages,
+                           c("lookups"), c("queried_tokens"), c("hit_pages"), c("hit_tokens"),
+                           len(sched.running), len(sched.waiting), **self._counters,
+                           num_host_pages=pages.num_host_pages, num_host_free_pages=pages.num_host_free_pages,
+                           num_host_cached_pages=pages.num_host_cached_pages, num_host_swapped_pages=pages.num_swapped_pages,
+                           num_preemptions=sched.num_preemptions, num_swapped=sched.num_swapped,
+                           num_recompute_tokens=sched.num_recompute_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
+                           kv_bytes_to_host=copier.bytes_to_host if copier else 0,
+                           kv_bytes_to_device=copier.bytes_to_device if copier else 0,
+                           kv_copy_s=copier.seconds if copier else 0.0)
 
     def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
         "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
@@ -446,6 +481,7 @@ class Engine:
         now = time.monotonic()
         self.pages.expire(now)
         with part("scheduling"): plan = self.scheduler.schedule(now)
+        for seq in plan.preempted: self.runner.release(seq)  # its page-table row is rewritten when it resumes
         if not plan:
             self._stats = self._snapshot()
             return False
@@ -592,6 +628,7 @@ class CacheTotals(NamedTuple):
     lookups: int
     queried_tokens: int
     hit_tokens: int
+    host_hit_tokens: int = 0   # of which copied back from the host tier
 
 
 class CacheReport(NamedTuple):
@@ -603,12 +640,18 @@ class CacheReport(NamedTuple):
     num_cached_pages: int          # idle cached pages: no holder, kept for reuse
     page_size: int
     totals: CacheTotals
+    num_host_pages: int = 0          # the host tier (0: off)
+    num_host_free_pages: int = 0
+    num_host_cached_pages: int = 0   # blocks evicted from the device, kept on the host
+    num_host_swapped_pages: int = 0  # preempted sequences' tokens
 
 
 def cache_report(pages: PageManager, now: float) -> CacheReport:
     "A report of the page manager's cache and pool (call it on the thread that owns them)."
     cache = pages.prefix_cache
     blocks = cache.blocks(now, pages.page_size) if cache else []
-    totals = CacheTotals(cache.lookups, cache.queried_tokens, cache.hit_tokens) if cache else CacheTotals(0, 0, 0)
+    totals = (CacheTotals(cache.lookups, cache.queried_tokens, cache.hit_tokens, cache.host_hit_tokens) if cache
+              else CacheTotals(0, 0, 0))
     return CacheReport(blocks, pages.num_pages, pages.num_free_pages, pages.num_used_pages, pages.num_cached_pages,
-                       pages.page_size, totals)
+                       pages.page_size, totals, pages.num_host_pages, pages.num_host_free_pages,
+                       pages.num_host_cached_pages, pages.num_swapped_pages)

@@ -53,12 +53,14 @@ class LLM:
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", *, max_batch_size: int | None = None,
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
-                 kv_cache_bytes: int | None = None, enable_prefix_caching: bool | None = None,
+                 kv_cache_bytes: int | None = None, kv_reservation: str | None = None, kv_watermark: float | None = None,
+                 kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
                  matmul: str | None = None, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
-            kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
+            kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
+            kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul)
         loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s

@@ -7,6 +7,7 @@ Docs: https://helios-engine.github.io/helios/scheduler.html.md"""
 # %% ../nbs/10_scheduler.ipynb #1d5d85da
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -15,7 +16,10 @@ from enum import Enum
 
 from .config import PREFILL_AGING_S, EngineConfig
 from .kv.manager import PageManager
-from .kv.prefix_cache import prompt_block_hashes
+from .kv.pages import pages_needed
+from .kv.prefix_cache import PrefixMatch, prompt_block_hashes
+
+_log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['AGED_PREFILL_SHARE', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan', 'RequestTooLarge', 'QueueFull',
@@ -33,7 +37,7 @@ class SeqStatus(Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    "One sequence's scheduling state (prompt, reservation, progress). No tensors."
+    "One sequence's scheduling state (prompt, pages, progress, preemptions). No tensors."
     seq_id: int
     request_id: str
     prompt_ids: list[int]
@@ -43,11 +47,13 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     page_table: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0     # reused from the prefix cache at its first admission
     num_computed_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     waiting_since_s: float = 0.0   # admission or last prefill chunk
     prefix_lookup_s: float = 0.0   # admission: looking up its cached prefix and building its page table
+    num_preemptions: int = 0
+    swapped_pages: list[int] | None = None  # while preempted by swapping: the host pages holding its computed tokens
 
     def __post_init__(self):
         self.block_hashes = prompt_block_hashes(self.prompt_ids, self.page_size)
@@ -56,13 +62,26 @@ class Sequence:
     def num_prompt_tokens(self) -> int: return len(self.prompt_ids)
 
     @property
+    def num_tokens(self) -> int: return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
     def num_reserved_tokens(self) -> int: return len(self.prompt_ids) + self.max_tokens
 
     @property
-    def is_prefilling(self) -> bool: return self.num_computed_tokens < len(self.prompt_ids)
+    def num_prefill_tokens(self) -> int:
+        "Tokens to compute before it decodes: its prompt, or, resumed after a recompute, every token but the newest."
+        return self.num_tokens - 1 if self.output_ids else len(self.prompt_ids)
 
     @property
-    def num_prompt_tokens_left(self) -> int: return len(self.prompt_ids) - self.num_computed_tokens
+    def is_prefilling(self) -> bool: return self.num_computed_tokens < self.num_prefill_tokens
+
+    @property
+    def num_prefill_tokens_left(self) -> int: return self.num_prefill_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        "Its tokens start..end-1, prompt and output alike."
+        if end <= len(self.prompt_ids): return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
 
 # %% ../nbs/10_scheduler.ipynb #c343004a
 @dataclass(frozen=True)
@@ -71,19 +90,17 @@ class ScheduledChunk:
     seq: Sequence
     start: int              # position of the first token (= tokens already in the pool)
     token_ids: list[int]
+    samples: bool           # it ends at the sequence's newest token, so a next token is sampled
+    is_decode: bool = False # the one newest token of a sequence past its prefill
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
-
-    @property
-    def samples(self) -> bool:
-        "Whether this chunk ends at the sequence's newest token, so a next token is sampled."
-        return self.start + self.num_tokens >= self.seq.num_prompt_tokens
 
 
 @dataclass(frozen=True)
 class TickPlan:
     chunks: list[ScheduledChunk]
+    preempted: tuple[Sequence, ...] = ()  # running sequences sent back to the wait list to free pages for this tick
 
     @property
     def num_tokens(self) -> int: return sum(c.num_tokens for c in self.chunks)
@@ -103,11 +120,14 @@ class QueueFull(RuntimeError):
 
 
 class Scheduler:
-    "FIFO admission, decode-first token budget, chunked and aged prefill. Tensor-free."
+    "FIFO admission, pages on demand with preemption (or reserved up front), decode-first token budget, chunked and aged prefill. Tensor-free."
     def __init__(self, config: EngineConfig, pages: PageManager, max_model_len: int):
         self.config, self.pages, self.max_model_len = config, pages, max_model_len
+        self.on_demand = config.kv_reservation == "on-demand"
+        self.keep_free = int(config.kv_watermark * pages.num_pages) if self.on_demand else 0  # pages admission leaves
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_preemptions = self.num_swapped = self.num_recompute_tokens = 0
 
     @property
     def max_request_tokens(self) -> int:
@@ -135,25 +155,86 @@ class Scheduler:
             raise QueueFull(f"the wait list is full ({self.config.max_queue} requests); retry shortly")
         self.waiting.extend(seqs)
 
+    def schedule(self, now: float) -> TickPlan:
+        "Give every decode the page it needs (preempting if none is left), admit what fits, then plan this tick's tokens."
+        preempted = self._grow_decodes() if self.on_demand else []
+        if not preempted: self._admit(now)  # pages just freed by preemption go to the sequences that were running
+        decodes = [ScheduledChunk(s, s.num_computed_tokens, s.output_ids[-1:], True, True)
+                   for s in self.running if not s.is_prefilling]
+        return TickPlan(decodes + self._plan_prefill(self.config.prefill_chunk_size - len(decodes), now), tuple(preempted))
+
+    def _grow_decodes(self) -> list[Sequence]:
+        "A new page for each decode whose pages are full, oldest request first; the newest running sequence yields when none is left."
+        preempted = []
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING or seq.is_prefilling: continue
+            if seq.num_computed_tokens < len(seq.page_table) * self.pages.page_size: continue  # room in its last page
+            while self.pages.num_available() < 1:
+                victim = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
+                assert victim is not seq or len(self.running) > 1, "a sequence alone cannot outgrow the pool (check_fits)"
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq: break
+            if seq.status is SeqStatus.RUNNING: seq.page_table += self.pages.take(1)
+        return preempted
+
+    def _preempt(self, seq: Sequence):
+        "Send a running sequence back to the head of the wait list: its computed tokens swapped to the host, else dropped."
+        computed = seq.page_table[:pages_needed(seq.num_computed_tokens, self.pages.page_size)]
+        seq.swapped_pages = self.pages.swap_out(computed) if computed else None
+        if seq.swapped_pages is None:
+            self.num_recompute_tokens += seq.num_computed_tokens
+            seq.num_computed_tokens = 0
+        else: self.num_swapped += 1
+        self.running.remove(seq)
+        self.pages.release(seq.page_table)
+        seq.page_table, seq.status = [], SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+
     def _admit(self, now: float):
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
             started = time.perf_counter()
-            match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
-            if not self.pages.can_allocate(seq.num_reserved_tokens, match): return  # head-of-queue waits
+            if not self._take_pages(seq): return  # head-of-queue waits
             self.waiting.popleft()
-            seq.page_table = self.pages.allocate(seq.num_reserved_tokens, match)
-            seq.prefix_lookup_s = time.perf_counter() - started
-            seq.num_cached_tokens = seq.num_computed_tokens = match.num_cached_tokens
+            if seq.num_preemptions == 0: seq.prefix_lookup_s = time.perf_counter() - started
             seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
             self.running.append(seq)
 
-    def schedule(self, now: float) -> TickPlan:
-        "Admit what fits, then plan this tick's tokens."
-        self._admit(now)
-        decodes = [ScheduledChunk(s, s.num_computed_tokens, s.output_ids[-1:])
-                   for s in self.running if not s.is_prefilling]
-        return TickPlan(decodes + self._plan_prefill(self.config.prefill_chunk_size - len(decodes), now))
+    def _take_pages(self, seq: Sequence) -> bool:
+        "Build the page table a sequence starts (or resumes) with, if it fits now."
+        if seq.swapped_pages is not None:
+            if self._swap_in(seq): return True
+            if seq.swapped_pages is not None: return False  # no room yet
+        tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens  # on demand: what it has, no more
+        match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
+        if not self.pages.can_allocate(tokens, match, self.keep_free): return False
+        try: seq.page_table = self.pages.allocate(tokens, match)
+        except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
+            _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
+            match = PrefixMatch(len(match.pages) * self.pages.page_size, match.pages, match.num_queried_tokens)
+            seq.page_table = self.pages.allocate(tokens, match)
+        if seq.num_preemptions == 0: seq.num_cached_tokens = match.num_cached_tokens
+        seq.num_computed_tokens = match.num_cached_tokens
+        return True
+
+    def _swap_in(self, seq: Sequence) -> bool:
+        "Resume a swapped sequence (its pages copied back, plus one for its next token if needed); False if it must wait."
+        tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens
+        extra = pages_needed(tokens, self.pages.page_size) - len(seq.swapped_pages)
+        if self.pages.num_available() < len(seq.swapped_pages) + extra + self.keep_free: return False
+        try:
+            table = self.pages.swap_in(seq.swapped_pages)
+        except Exception:  # its computed tokens are lost: it is recomputed instead
+            _log.warning("swapping a preempted sequence back in failed; recomputing it", exc_info=True)
+            self.pages.drop_swapped(seq.swapped_pages)
+            self.num_recompute_tokens += seq.num_computed_tokens
+            seq.swapped_pages, seq.num_computed_tokens = None, 0
+            return False
+        seq.page_table, seq.swapped_pages = table + self.pages.take(extra), None
+        return True
 
     def _plan_prefill(self, budget: int, now: float) -> list[ScheduledChunk]:
         prompts = [s for s in self.running if s.is_prefilling]
@@ -164,9 +245,9 @@ class Scheduler:
         chunks = []
         for seq in prompts:
             if budget <= 0: break
-            n = min(budget, seq.num_prompt_tokens_left)
+            n = min(budget, seq.num_prefill_tokens_left)
             start = seq.num_computed_tokens
-            chunks.append(ScheduledChunk(seq, start, seq.prompt_ids[start:start + n]))
+            chunks.append(ScheduledChunk(seq, start, seq.token_ids(start, start + n), start + n == seq.num_tokens))
             budget -= n
         return chunks
 
@@ -175,19 +256,20 @@ class Scheduler:
         for chunk in plan.chunks:
             seq = chunk.seq
             seq.num_computed_tokens += chunk.num_tokens
-            if chunk.start < seq.num_prompt_tokens:  # a prefill chunk
-                seq.waiting_since_s = now
+            if not chunk.is_decode: seq.waiting_since_s = now
+            if chunk.start < seq.num_prompt_tokens:  # it computed prompt tokens
                 full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pages.page_size
                 self.pages.register(seq.block_hashes[:full], seq.page_table[:full])
 
     def finish(self, seq: Sequence, now: float | None = None):
-        "Remove a sequence (finished or cancelled) and release its pages."
+        "Remove a sequence (finished or cancelled, running or preempted) and release its pages on both tiers."
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self.pages.release(seq.page_table, now)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
-        seq.status, seq.page_table = SeqStatus.FINISHED, []
+            if seq.swapped_pages is not None: self.pages.drop_swapped(seq.swapped_pages)
+        seq.status, seq.page_table, seq.swapped_pages = SeqStatus.FINISHED, [], None
 
     @property
     def has_work(self) -> bool: return bool(self.waiting or self.running)

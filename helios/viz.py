@@ -5,23 +5,26 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['TICK_LEGEND', 'PALETTE', 'TickState', 'tick_state', 'page_label', 'tick_text', 'ticks_text', 'tick_html', 'tick_widget', 'widgets_live', 'show_ticks']
+__all__ = ['TICK_LEGEND', 'PALETTE', 'TickState', 'tick_state', 'host_labels', 'page_label', 'tick_text', 'ticks_text', 'tick_html', 'tick_widget', 'widgets_live', 'show_ticks']
 
 # %% ../nbs/10_scheduler.ipynb #f93fd4b2
 import html
 from dataclasses import dataclass
 
+from .kv.prefix_cache import HOST_TIER
 from .scheduler import Scheduler, TickPlan
 
 # %% ../nbs/10_scheduler.ipynb #14273984
 @dataclass(frozen=True)
 class TickState:
-    "What one tick ran and, when it ended, who held each physical page."
+    "What one tick ran and, when it ended, who held each physical page, on the device and on the host tier."
     tick: int
     ran: tuple[str, ...]                 # per scheduled chunk: "A prefill 0-7", "B decode 12"
     holders: tuple[tuple[str, ...], ...]  # per page: the sequences holding it (empty: free or idle)
     cached: frozenset[int]               # pages whose content is a block of the prefix cache
-    waiting: tuple[str, ...]             # sequences not admitted yet
+    waiting: tuple[str, ...]             # sequences not admitted yet (or preempted)
+    preempted: tuple[str, ...] = ()      # sent back to the wait list this tick: "B (swapped)", "C (recompute)"
+    host: tuple[str, ...] = ()           # per host page: the preempted sequence it holds, "~" a cached block, "." free
 
     def is_idle(self, page: int) -> bool:
         "Kept only by the prefix cache: no holder, evictable."
@@ -29,15 +32,28 @@ class TickState:
 
 
 def tick_state(tick: int, scheduler: Scheduler, plan: TickPlan, name=lambda seq: seq.request_id) -> TickState:
-    "Record a tick of `scheduler` after `plan` ran: its chunks and the holders of every page."
+    "Record a tick of `scheduler` after `plan` ran: its chunks, its preemptions and the holders of every page."
     pages, cache = scheduler.pages, scheduler.pages.prefix_cache
     holders = [[] for _ in range(pages.num_pages)]
     for seq in scheduler.running:
         for page in seq.page_table: holders[page].append(name(seq))
-    ran = tuple(f"{name(c.seq)} {'prefill' if c.start < c.seq.num_prompt_tokens else 'decode'} "
+    ran = tuple(f"{name(c.seq)} {'decode' if c.is_decode else 'prefill'} "
                 + (f"{c.start}" if c.num_tokens == 1 else f"{c.start}-{c.start + c.num_tokens - 1}") for c in plan.chunks)
     cached = frozenset(p for p in range(pages.num_pages) if cache is not None and cache.is_cached(p))
-    return TickState(tick, ran, tuple(map(tuple, holders)), cached, tuple(name(s) for s in scheduler.waiting))
+    preempted = tuple(f"{name(s)} ({'recompute' if s.swapped_pages is None else 'swapped'})" for s in plan.preempted)
+    return TickState(tick, ran, tuple(map(tuple, holders)), cached, tuple(name(s) for s in scheduler.waiting),
+                     preempted, host_labels(scheduler, name))
+
+
+def host_labels(scheduler: Scheduler, name=lambda seq: seq.request_id) -> tuple[str, ...]:
+    "Each host page's label: the preempted sequence whose tokens it holds, ~ a cached block, . free."
+    labels = ["."] * scheduler.pages.num_host_pages
+    cache = scheduler.pages.prefix_cache
+    for block in (cache.blocks(0.0, scheduler.pages.page_size) if cache else []):
+        if block.tier == HOST_TIER: labels[block.page] = "~"
+    for seq in scheduler.waiting:
+        for page in seq.swapped_pages or []: labels[page] = name(seq)
+    return tuple(labels)
 
 # %% ../nbs/10_scheduler.ipynb #f755aa71
 TICK_LEGEND = ("pages: letters = the sequences holding the page, * = its block is in the prefix cache, "
@@ -51,10 +67,13 @@ def page_label(state: TickState, page: int) -> str:
 
 
 def tick_text(state: TickState) -> str:
-    "One tick as two lines: what ran (and who waits), then every page's label."
+    "One tick as two lines (three with a host tier): what ran, who was preempted and who waits; then every page's label."
     waiting = f"; waiting: {', '.join(state.waiting)}" if state.waiting else ""
+    preempted = f"; preempted: {', '.join(state.preempted)}" if state.preempted else ""
     cells = " ".join(f"{page_label(state, p):<3}" for p in range(len(state.holders)))
-    return f"tick {state.tick:>2}: {', '.join(state.ran) or 'nothing ran'}{waiting}\n         {cells.rstrip()}"
+    lines = [f"tick {state.tick:>2}: {', '.join(state.ran) or 'nothing ran'}{preempted}{waiting}", f"         {cells.rstrip()}"]
+    if state.host: lines.append("   host: " + " ".join(f"{label:<3}" for label in state.host).rstrip())
+    return "\n".join(lines)
 
 
 def ticks_text(states: list[TickState]) -> str:
@@ -82,8 +101,13 @@ def tick_html(state: TickState, colors: dict[str, str]) -> str:
                      f'{html.escape(page_label(state, page).strip("."))}</td>')
     numbers = "".join(f'<td style="text-align:center;font-size:80%;color:#666">{p}</td>' for p in range(len(state.holders)))
     waiting = f"; waiting: {html.escape(', '.join(state.waiting))}" if state.waiting else ""
-    return (f"<div><b>tick {state.tick}</b>: {html.escape(', '.join(state.ran) or 'nothing ran')}{waiting}"
-            f'<table style="border-collapse:collapse;margin:4px 0"><tr>{"".join(cells)}</tr><tr>{numbers}</tr></table>'
+    preempted = f"; preempted: {html.escape(', '.join(state.preempted))}" if state.preempted else ""
+    host = "".join(f'<td title="host page {p}" style="background:{colors.get(label, "#d9d9d9" if label == "~" else "#ffffff")};'
+                   f'border:1px dashed #999;width:2.2em;height:1.4em;text-align:center;font-size:80%">'
+                   f'{html.escape(label.strip("."))}</td>' for p, label in enumerate(state.host))
+    host_row = f'<tr><td colspan="99" style="font-size:80%;color:#666">host tier</td></tr><tr>{host}</tr>' if host else ""
+    return (f"<div><b>tick {state.tick}</b>: {html.escape(', '.join(state.ran) or 'nothing ran')}{preempted}{waiting}"
+            f'<table style="border-collapse:collapse;margin:4px 0"><tr>{"".join(cells)}</tr><tr>{numbers}</tr>{host_row}</table>'
             f"<small>{html.escape(TICK_LEGEND)}</small></div>")
 
 

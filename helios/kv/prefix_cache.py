@@ -8,15 +8,15 @@ Docs: https://helios-engine.github.io/helios/prefix_cache.html.md"""
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 # %% auto #0
-__all__ = ['ROOT_HASH', 'HASH_PREFIX_CHARS', 'DEVICE_TIER', 'hash_block', 'prompt_block_hashes', 'PrefixMatch', 'CachedBlock',
-           'PrefixCache']
+__all__ = ['ROOT_HASH', 'HASH_PREFIX_CHARS', 'DEVICE_TIER', 'HOST_TIER', 'hash_block', 'prompt_block_hashes', 'PrefixMatch',
+           'CachedBlock', 'PrefixCache']
 
 # %% ../../nbs/09_prefix_cache.ipynb #a52c1ace
 ROOT_HASH = bytes(16)  # the parent of a prompt's first block
@@ -39,14 +39,16 @@ def prompt_block_hashes(token_ids: list[int], page_size: int) -> list[bytes]:
 
 # %% ../../nbs/09_prefix_cache.ipynb #5460fb7c
 HASH_PREFIX_CHARS = 16  # hex digits of a digest a report shows: 64 bits, unique enough to tell blocks apart
-DEVICE_TIER = "device"  # the pool on the model's device: the only place cached pages live
+DEVICE_TIER = "device"  # the pool on the model's device, where attention reads pages
+HOST_TIER = "host"      # host memory: blocks evicted from the device wait here until a lookup takes them back
 
 
 class PrefixMatch(NamedTuple):
-    "The longest cached chain for a prompt, out of the tokens looked up."
+    "The longest cached chain for a prompt, out of the tokens looked up: its device pages, then blocks on the host."
     num_cached_tokens: int
-    pages: list[int]
+    pages: list[int]                     # device pages of the chain's first blocks
     num_queried_tokens: int = 0
+    host_blocks: tuple[bytes, ...] = ()  # hashes of the blocks after them, kept on the host tier
 
 
 class CachedBlock(NamedTuple):
@@ -55,7 +57,7 @@ class CachedBlock(NamedTuple):
     parent: str | None      # the parent block's, None for a prompt's first block
     depth: int              # 1 = a prompt's first block, 2 = the one after it, ...
     num_tokens: int         # a full page
-    page: int
+    page: int               # its page on its tier
     hits: int               # admissions that reused it
     idle_s: float | None    # seconds since its last holder let go; None while a request holds it
     tier: str = DEVICE_TIER
@@ -68,47 +70,69 @@ class _Block:
     parent: bytes
     depth: int
     hits: int = 0
+    tier: str = DEVICE_TIER
+    children: int = 0         # cached blocks that follow it, on either tier
+    device_children: int = 0  # ... of which on the device
 
 
 class PrefixCache:
-    "Block hash -> physical page (with its place in the chain and its hits), plus the LRU of idle cached pages."
+    """Block hash -> page on a tier (with its place in the chain and its hits), the LRU of idle device pages, and the
+    LRU of host pages. A block leaves a tier only after every child has left it: leaves go first, on both tiers."""
     def __init__(self, ttl_s: float):
         self.ttl_s = ttl_s
         self._blocks: dict[bytes, _Block] = {}
-        self._hash_of: dict[int, bytes] = {}
-        self._idle: OrderedDict[int, float] = OrderedDict()  # page -> when it became idle, oldest first
+        self._hash_of: dict[int, bytes] = {}       # device page -> hash
+        self._host_hash_of: dict[int, bytes] = {}  # host page -> hash
+        self._idle: OrderedDict[int, float] = OrderedDict()  # device page -> when it became idle, oldest first
+        self._host: OrderedDict[int, float] = OrderedDict()  # host page -> when its block became idle, oldest first
         self.lookups = self.queried_tokens = self.hit_pages = self.hit_tokens = 0
+        self.host_hit_pages = self.host_hit_tokens = 0
 
     @property
     def num_idle_pages(self) -> int: return len(self._idle)
+
+    @property
+    def num_host_pages(self) -> int: return len(self._host)
 
     def is_cached(self, page: int) -> bool: return page in self._hash_of
 
     def is_idle(self, page: int) -> bool: return page in self._idle
 
-    def lookup(self, hashes: list[bytes], page_size: int) -> PrefixMatch:
-        "The pages of the longest prefix of `hashes` that is cached (nothing is counted until `count_use`)."
-        pages = []
-        for h in hashes:
-            if h not in self._blocks: break
-            pages.append(self._blocks[h].page)
-        return PrefixMatch(len(pages) * page_size, pages, len(hashes) * page_size)
+    def host_page(self, h: bytes) -> int: return self._blocks[h].page
 
-    def count_use(self, match: PrefixMatch):
+    def lookup(self, hashes: list[bytes], page_size: int) -> PrefixMatch:
+        "The longest prefix of `hashes` that is cached: device pages, then host blocks (nothing counted until `count_use`)."
+        pages, on_host = [], []
+        for h in hashes:
+            block = self._blocks.get(h)
+            if block is None or (on_host and block.tier == DEVICE_TIER): break
+            if block.tier == DEVICE_TIER: pages.append(block.page)
+            else: on_host.append(h)
+        return PrefixMatch((len(pages) + len(on_host)) * page_size, pages, len(hashes) * page_size, tuple(on_host))
+
+    def count_use(self, match: PrefixMatch, page_size: int):
         "A request was admitted with this match: count the lookup, and a hit on every block it reuses."
         self.lookups += 1
         self.queried_tokens += match.num_queried_tokens
-        self.hit_pages += len(match.pages)
+        self.hit_pages += len(match.pages) + len(match.host_blocks)
         self.hit_tokens += match.num_cached_tokens
-        for page in match.pages: self._blocks[self._hash_of[page]].hits += 1
+        self.host_hit_pages += len(match.host_blocks)
+        self.host_hit_tokens += len(match.host_blocks) * page_size
+        for h in [self._hash_of[p] for p in match.pages] + list(match.host_blocks): self._blocks[h].hits += 1
 
     def insert(self, h: bytes, page: int, parent: bytes = ROOT_HASH) -> bool:
-        "Cache `page` as the block `h` that follows `parent`; False if that block (or that page) is cached already."
+        "Cache device `page` as the block `h` that follows `parent`; False if that block (or that page) is cached already."
         if h in self._blocks or page in self._hash_of: return False
-        assert parent == ROOT_HASH or parent in self._blocks, "a block is offered after its parent"
+        assert parent == ROOT_HASH or self._blocks[parent].tier == DEVICE_TIER, "a block is offered after its parent"
         depth = 1 if parent == ROOT_HASH else self._blocks[parent].depth + 1
         self._blocks[h], self._hash_of[page] = _Block(page, parent, depth), h
+        self._adjust(parent, children=+1, device_children=+1)
         return True
+
+    def holds(self, h: bytes, page: int) -> bool:
+        "Whether block h is cached in exactly this device page."
+        block = self._blocks.get(h)
+        return block is not None and block.tier == DEVICE_TIER and block.page == page
 
     def mark_busy(self, page: int):
         "A request took the page again: it is no longer evictable."
@@ -120,26 +144,106 @@ class PrefixCache:
         self._idle.move_to_end(page)
 
     def evict(self, n: int) -> list[int]:
-        "Forget the n least recently used idle pages and return them for freeing."
-        victims = list(self._idle)[:n]
-        for page in victims: self._forget(page)
-        return victims
+        "Forget the n least recently used idle device leaves (a leaf first, then its parent) and return their pages."
+        assert not self._host, "with blocks on the host, eviction goes through the page manager"
+        return [self._drop(self.pop_device_leaf()[0]) for _ in range(min(n, len(self._idle)))]
 
-    def expire(self, now: float) -> list[int]:
-        "Forget idle pages unused for longer than the TTL."
-        old = [p for p, since in self._idle.items() if now - since > self.ttl_s]
-        for page in old: self._forget(page)
-        return old
+    def pop_device_leaf(self) -> tuple[bytes, int, float]:
+        "Take the least recently used idle device block with no child on the device off the device: (hash, page, idle since)."
+        page = next(p for p in self._idle if self._blocks[self._hash_of[p]].device_children == 0)
+        h, since = self._hash_of.pop(page), self._idle.pop(page)
+        self._adjust(self._blocks[h].parent, device_children=-1)
+        self._blocks[h].tier = None  # between tiers until settle_on_host or _drop
+        return h, page, since
 
-    def _forget(self, page: int):
-        del self._blocks[self._hash_of.pop(page)]
-        del self._idle[page]
+    def settle_on_host(self, h: bytes, host_page: int, since: float):
+        "A block taken off the device now lives in host_page, idle since `since`."
+        block = self._blocks[h]
+        block.tier, block.page = HOST_TIER, host_page
+        self._host_hash_of[host_page], self._host[host_page] = h, since
+
+    def pop_host_leaf(self, keep: frozenset[bytes] = frozenset()) -> int | None:
+        "Forget the least recently used host block without children (none in keep); its host page, or None."
+        page = next((p for p in self._host if self._blocks[self._host_hash_of[p]].children == 0
+                     and self._host_hash_of[p] not in keep), None)
+        if page is not None: self._drop(self._host_hash_of[page])
+        return page
+
+    def restore(self, h: bytes, device_page: int) -> int:
+        "A host block moves back into device_page, held by the request that matched it; returns its old host page."
+        block = self._blocks[h]
+        host_page = block.page
+        del self._host_hash_of[host_page], self._host[host_page]
+        block.tier, block.page = DEVICE_TIER, device_page
+        self._hash_of[device_page] = h
+        self._adjust(block.parent, device_children=+1)
+        return host_page
+
+    def forget(self, h: bytes) -> list[int]:
+        """Drop a block that is on the host or was just taken off the device, with every block after it (those are on
+        the host: a device block's parent is on the device). Returns the host pages it frees."""
+        followers = [c for c, b in self._blocks.items() if b.parent == h]
+        host_pages = [p for c in followers for p in self._forget_host_subtree(c)]
+        on_host = self._blocks[h].tier == HOST_TIER
+        page = self._drop(h)
+        return host_pages + ([page] if on_host else [])
+
+    def on_host(self, h: bytes, host_page: int) -> bool:
+        "Whether block h is cached in exactly this host page."
+        block = self._blocks.get(h)
+        return block is not None and block.tier == HOST_TIER and block.page == host_page
+
+    def _forget_host_subtree(self, h: bytes) -> list[int]:
+        pages = [p for c, b in list(self._blocks.items()) if b.parent == h for p in self._forget_host_subtree(c)]
+        return pages + [self._drop(h)]
+
+    def expire(self, now: float) -> tuple[list[int], list[int]]:
+        "Forget blocks idle for longer than the TTL, on both tiers, deepest first: (device pages, host pages)."
+        old = [h for page, since in self._idle.items() if now - since > self.ttl_s for h in [self._hash_of[page]]]
+        old += [h for page, since in self._host.items() if now - since > self.ttl_s for h in [self._host_hash_of[page]]]
+        device, host = [], []
+        for h in sorted(old, key=lambda h: -self._blocks[h].depth):
+            if self._blocks[h].children: continue  # a child is still fresh: the parent stays with it
+            (device if self._blocks[h].tier == DEVICE_TIER else host).append(self._drop(h))
+        return device, host
+
+    def _adjust(self, parent: bytes, children: int = 0, device_children: int = 0):
+        if parent == ROOT_HASH: return
+        self._blocks[parent].children += children
+        self._blocks[parent].device_children += device_children
+
+    def _drop(self, h: bytes) -> int:
+        block = self._blocks.pop(h)
+        assert block.children == 0, "a parent is dropped before its children"
+        if block.tier == DEVICE_TIER:
+            del self._hash_of[block.page]
+            self._idle.pop(block.page, None)
+            self._adjust(block.parent, children=-1, device_children=-1)
+        else:
+            if block.tier == HOST_TIER: del self._host_hash_of[block.page], self._host[block.page]
+            self._adjust(block.parent, children=-1)
+        return block.page
+
+    def check(self):
+        "Every block's parent is cached, a device block's parent is on the device, and the child counts add up."
+        children, device_children = Counter(), Counter()
+        for h, b in self._blocks.items():
+            assert b.tier in (DEVICE_TIER, HOST_TIER), "a block is left between tiers"
+            if b.parent == ROOT_HASH: continue
+            parent = self._blocks[b.parent]
+            assert b.tier == HOST_TIER or parent.tier == DEVICE_TIER, "a device block's parent is on the host"
+            children[b.parent] += 1
+            device_children[b.parent] += b.tier == DEVICE_TIER
+        for h, b in self._blocks.items():
+            assert (b.children, b.device_children) == (children[h], device_children[h]), "child counts drifted"
+        assert set(self._idle) <= set(self._hash_of) and set(self._host) == set(self._host_hash_of)
 
     def blocks(self, now: float, page_size: int) -> list[CachedBlock]:
-        """Every cached block, shallowest first. A block's parent may be missing from the list: when two requests
-        register the same prompt at once, the later one's deeper blocks hang off the earlier one's page, which can be
-        evicted first; lookups reach the child again once a prompt caches that parent again."""
+        "Every cached block on both tiers, shallowest first; a child is always listed after its parent."
         def short(h: bytes) -> str: return h.hex()[:HASH_PREFIX_CHARS]
+        def idle_s(b: _Block) -> float | None:
+            if b.tier == HOST_TIER: return now - self._host[b.page]
+            return now - self._idle[b.page] if b.page in self._idle else None
         return sorted((CachedBlock(short(h), None if b.parent == ROOT_HASH else short(b.parent), b.depth, page_size,
-                                   b.page, b.hits, now - self._idle[b.page] if b.page in self._idle else None)
+                                   b.page, b.hits, idle_s(b), b.tier)
                        for h, b in self._blocks.items()), key=lambda block: block.depth)

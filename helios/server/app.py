@@ -94,6 +94,11 @@ async def parsed(request: Request, model):
     return await asyncio.to_thread(parse_body, model, await request.body())
 
 # %% ../../nbs/13_server.ipynb #d050d2f7
+def _tier(total: int, free: int, used: int, cached: int) -> dict[str, int]:
+    "One KV tier's pages for /health: free + used + cached = total (on the host, used pages hold preempted requests)."
+    return {"total": total, "free": free, "used": used, "cached": cached}
+
+
 def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
     docs = {} if settings.api_key is None else {"docs_url": None, "redoc_url": None}  # their pages could not send it
@@ -117,7 +122,11 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     async def health():
         s = llm.stats()
         return {"status": "ok", "model": name, "running": s.num_running,
-                "waiting": s.num_waiting, "free_pages": s.num_free_pages, "pages": s.num_pages}
+                "waiting": s.num_waiting, "free_pages": s.num_free_pages, "pages": s.num_pages,
+                "kv_pages": {"device": _tier(s.num_pages, s.num_free_pages, s.num_used_pages, s.num_cached_pages),
+                             "host": _tier(s.num_host_pages, s.num_host_free_pages, s.num_host_swapped_pages,
+                                           s.num_host_cached_pages)},
+                "preemptions": s.num_preemptions}
 
     @app.get("/metrics")
     async def prometheus():

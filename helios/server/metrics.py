@@ -70,6 +70,23 @@ class _EngineCollector:
         yield gauge("helios:kv_pages_free", "KV pages in the free list", s.num_free_pages)
         yield gauge("helios:kv_pages_used", "KV pages held by requests", s.num_used_pages)
         yield gauge("helios:kv_pages_cached", "Idle KV pages kept by the prefix cache", s.num_cached_pages)
+        tiers = GaugeMetricFamily("helios:kv_tier_pages", "KV pages per tier and state (free + used + cached = total)",
+                                  labels=["model_name", "tier", "state"])
+        for tier, values in (("device", (s.num_pages, s.num_free_pages, s.num_used_pages, s.num_cached_pages)),
+                             ("host", (s.num_host_pages, s.num_host_free_pages, s.num_host_swapped_pages,
+                                       s.num_host_cached_pages))):
+            for state, value in zip(("total", "free", "used", "cached"), values): tiers.add_metric([self.model_name, tier, state], value)
+        yield tiers
+        yield counter("helios:num_preemptions", "Running sequences preempted to free KV pages", s.num_preemptions)
+        yield counter("helios:num_preemptions_swapped", "Preemptions whose tokens went to the host tier (the rest are recomputed)",
+                      s.num_swapped)
+        yield counter("helios:recompute_tokens", "Computed tokens preemptions dropped, to be computed again", s.num_recompute_tokens)
+        yield counter("helios:prefix_cache_host_hits", "Prompt tokens found on the host tier and copied back", s.prefix_host_hit_tokens)
+        moved = CounterMetricFamily("helios:kv_offload_bytes", "Bytes copied between the KV tiers", labels=["model_name", "direction"])
+        moved.add_metric([self.model_name, "to_host"], s.kv_bytes_to_host)
+        moved.add_metric([self.model_name, "to_device"], s.kv_bytes_to_device)
+        yield moved
+        yield counter("helios:kv_offload_seconds", "Engine-thread seconds spent copying between the KV tiers", s.kv_copy_s)
         yield counter("helios:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", s.prefix_queried_tokens)
         yield counter("helios:prefix_cache_hits", "Prompt tokens found in the prefix cache", s.prefix_hit_tokens)
         yield counter("helios:engine_ticks", "Engine ticks run", s.num_ticks)

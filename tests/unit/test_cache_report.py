@@ -78,7 +78,7 @@ def test_eviction_removes_blocks_deepest_first():
 
 
 def test_a_lookup_counts_when_its_sequence_is_admitted_not_while_it_waits():
-    cfg = EngineConfig(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=8)
+    cfg = EngineConfig(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=8, kv_reservation="full")
     sched = Scheduler(cfg, manager(num_pages=4), max_model_len=64)
     cache = sched.pages.prefix_cache
     prompt = list(range(9))

@@ -9,9 +9,9 @@ from helios.scheduler import QueueFull, RequestTooLarge, Scheduler, Sequence
 _ids = iter(range(10**6))
 
 
-def make(max_batch_size=4, prefill_chunk_size=8, num_pages=16, max_queue=8, max_model_len=1000):
+def make(max_batch_size=4, prefill_chunk_size=8, num_pages=16, max_queue=8, max_model_len=1000, kv_reservation="on-demand"):
     cfg = EngineConfig(max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=4,
-                       max_queue=max_queue)
+                       max_queue=max_queue, kv_reservation=kv_reservation)
     return Scheduler(cfg, PageManager(num_pages, 4, PrefixCache(60)), max_model_len)
 
 
@@ -84,7 +84,7 @@ def test_aged_prompt_moves_even_when_decodes_use_the_budget():
 
 
 def test_head_of_queue_waits_for_pages():
-    s = make(num_pages=5)
+    s = make(num_pages=5, kv_reservation="full")
     hog = seq(12, max_tokens=4)                              # 4 pages
     s.add([hog]); s.schedule(0.0)
     big, small = seq(6, max_tokens=2), seq(1, max_tokens=1)  # big needs 2 pages, 1 is free
