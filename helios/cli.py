@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
     bench.add_argument("--api-key", default=_env("API_KEY"))
-    bench.add_argument("--workload", default="helios-30", choices=["helios-30", "prefix-share", "decode-16", "json-16"])
+    bench.add_argument("--workload", default="helios-30",
+                       choices=["helios-30", "prefix-share", "decode-16", "json-16", "chat-short", "prefix-spill"])
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None)
     bench.add_argument("--seed", type=int, default=0)

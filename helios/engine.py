@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -16,11 +17,9 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable
 
 import torch
-
-import os
 
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_KV_OFFLOAD_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
@@ -31,7 +30,9 @@ from .kv.pages import pages_needed
 from .kv.offload import HostKVPool, KVPageCopier, describe_host_budget, num_host_pages_for_budget
 from .kv.pool import KVPool, describe_budget, num_pages_for_budget, page_bytes
 from .kv.prefix_cache import PrefixCache
-from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, TokenLogprobs, draw_uniforms, make_generator,
+from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, EngineStats, RequestHandle,
+                            RequestMetrics, RequestOutput, StreamEvent)
+from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
 from .scheduler import QueueFull, Scheduler, Sequence, TickPlan
 from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
@@ -41,135 +42,8 @@ from .tokenizer import Tokenizer
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'StreamEvent', 'RequestHandle', 'ModelRunner',
-           'EngineStats', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt',
-           'validate_logit_bias', 'CacheTotals', 'CacheReport', 'cache_report']
-
-# %% ../nbs/11_engine.ipynb #36aab2f3
-def _interval(start: float | None, end: float | None) -> float | None:
-    "end - start, or None while either is unknown."
-    return None if start is None or end is None else end - start
-
-
-@dataclass
-class RequestMetrics:
-    "Timestamps (time.monotonic) and token counts of one request; its intervals are properties."
-    arrival_s: float
-    num_prompt_tokens: int
-    first_scheduled_s: float | None = None
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    num_completions: int = 1
-    prefix_lookup_s: float = 0.0  # admitting its sequences: prefix lookups and page tables, summed over n
-
-    @property
-    def queue_time_s(self) -> float | None: return _interval(self.arrival_s, self.first_scheduled_s)
-
-    @property
-    def prefill_s(self) -> float | None: return _interval(self.first_scheduled_s, self.first_token_s)
-
-    @property
-    def decode_s(self) -> float | None: return _interval(self.first_token_s, self.finished_s)
-
-    @property
-    def ttft_s(self) -> float | None: return _interval(self.arrival_s, self.first_token_s)
-
-    @property
-    def e2e_s(self) -> float | None: return _interval(self.arrival_s, self.finished_s)
-
-    @property
-    def decode_tokens_per_s(self) -> float | None:
-        "Tokens after each completion's first, per second of decode_s; None when nothing was decoded."
-        decoded, seconds = self.num_output_tokens - self.num_completions, self.decode_s
-        return decoded / seconds if decoded > 0 and seconds else None
-
-
-@dataclass(frozen=True)
-class CompletionOutput:
-    "One generated sequence."
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None             # "stop", "length", "cancelled", or "abort" (ended by shutdown)
-    logprobs: list[TokenLogprobs] | None = None
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    "A prompt and its completions; `.text` etc. read the first completion."
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    cached_tokens: int = 0
-    metrics: RequestMetrics | None = None
-
-    @property
-    def text(self) -> str: return self.outputs[0].text
-
-    @property
-    def token_ids(self) -> list[int]: return self.outputs[0].token_ids
-
-    @property
-    def finish_reason(self) -> str | None: return self.outputs[0].finish_reason
-
-# %% ../nbs/11_engine.ipynb #e24ff22b
-class EngineError(RuntimeError):
-    "The engine failed this request (the engine itself keeps serving)."
-
-
-class StreamEvent(NamedTuple):
-    index: int                        # which completion (0..n-1); -1 for the final event
-    delta: str
-    token_ids: list[int]              # tokens that produced this delta
-    logprobs: TokenLogprobs | None = None
-    output: RequestOutput | None = None
-    error: str | None = None
-
-
-class RequestHandle:
-    "The caller's side of one request: a queue of StreamEvents."
-    def __init__(self, request_id: str, notify: Callable[[], None] | None = None):
-        self.request_id, self._notify = request_id, notify
-        self._events: queue.Queue[StreamEvent] = queue.Queue()
-        self.output: RequestOutput | None = None
-        self.error: str | None = None
-        self._notify_failed = False
-
-    def _push(self, event: StreamEvent):
-        "Deliver one event (on the engine thread); a notify callback that raises is logged, never passed on."
-        self._events.put(event)
-        if self._notify is None: return
-        try: self._notify()
-        except Exception:
-            if not self._notify_failed: _log.warning("request %s: its notify callback raised", self.request_id, exc_info=True)
-            self._notify_failed = True
-
-    def events(self, timeout: float | None = None) -> Iterator[StreamEvent]:
-        "Every event until the final one (inclusive)."
-        while True:
-            event = self._events.get(timeout=timeout)
-            if event.index < 0:
-                self.output, self.error = event.output, event.error
-                yield event
-                return
-            yield event
-
-    def poll(self) -> list[StreamEvent]:
-        "Events available now, without blocking."
-        out = []
-        while True:
-            try: out.append(self._events.get_nowait())
-            except queue.Empty: return out
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        "Block until the request ends; raise EngineError if it failed."
-        if self.output is None and self.error is None:
-            for _ in self.events(timeout): pass
-        if self.error is not None: raise EngineError(self.error)
-        return self.output
+__all__ = ['ModelRunner', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt',
+           'validate_logit_bias', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
@@ -225,41 +99,6 @@ class _Request:
 
     @property
     def finished(self) -> bool: return all(c.finished for c in self.completions)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    "A snapshot of the pool, the prefix cache and the queues."
-    num_pages: int
-    num_free_pages: int
-    num_cached_pages: int
-    num_used_pages: int
-    prefix_lookups: int
-    prefix_queried_tokens: int
-    prefix_hit_pages: int
-    prefix_hit_tokens: int
-    num_running: int
-    num_waiting: int
-    num_requests_finished: int
-    num_requests_cancelled: int
-    num_requests_aborted: int     # ended by shutdown() when its grace ran out
-    num_requests_failed: int      # ended with an error
-    num_prompt_tokens: int
-    num_generated_tokens: int
-    num_ticks: int
-    num_constrained_rows: int     # sampled rows a grammar masked
-    grammar_mask_s: float         # seconds the helper thread spent filling their masks
-    num_host_pages: int = 0           # the host tier: 0 when it is off
-    num_host_free_pages: int = 0
-    num_host_cached_pages: int = 0    # prefix blocks evicted from the device, kept for a later hit
-    num_host_swapped_pages: int = 0   # preempted sequences' tokens
-    num_preemptions: int = 0
-    num_swapped: int = 0              # preemptions whose tokens went to the host tier (the others are recomputed)
-    num_recompute_tokens: int = 0     # computed tokens preemptions dropped, to be computed again
-    prefix_host_hit_tokens: int = 0   # cached tokens copied back from the host tier
-    kv_bytes_to_host: int = 0
-    kv_bytes_to_device: int = 0
-    kv_copy_s: float = 0.0            # engine-thread seconds of copies between the tiers
 
 # %% ../nbs/11_engine.ipynb #d3652f7e
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -620,32 +459,6 @@ def validate_logit_bias(params: SamplingParams, vocab_size: int):
         raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
 # %% ../nbs/11_engine.ipynb #da792466
-from .kv.prefix_cache import CachedBlock
-
-
-class CacheTotals(NamedTuple):
-    "The prefix cache's counters since the engine started (a lookup counts when its sequence is admitted)."
-    lookups: int
-    queried_tokens: int
-    hit_tokens: int
-    host_hit_tokens: int = 0   # of which copied back from the host tier
-
-
-class CacheReport(NamedTuple):
-    "What the prefix cache holds and where the pool's pages are, at one moment."
-    blocks: list[CachedBlock]
-    num_pages: int
-    num_free_pages: int
-    num_used_pages: int
-    num_cached_pages: int          # idle cached pages: no holder, kept for reuse
-    page_size: int
-    totals: CacheTotals
-    num_host_pages: int = 0          # the host tier (0: off)
-    num_host_free_pages: int = 0
-    num_host_cached_pages: int = 0   # blocks evicted from the device, kept on the host
-    num_host_swapped_pages: int = 0  # preempted sequences' tokens
-
-
 def cache_report(pages: PageManager, now: float) -> CacheReport:
     "A report of the page manager's cache and pool (call it on the thread that owns them)."
     cache = pages.prefix_cache

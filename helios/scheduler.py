@@ -193,6 +193,10 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
 
+    def _keep_free(self) -> int:
+        "Pages an admission must leave for the running decodes (none when nothing runs: a lone request always fits)."
+        return self.keep_free if self.running else 0
+
     def _admit(self, now: float):
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
@@ -210,7 +214,7 @@ class Scheduler:
             if seq.swapped_pages is not None: return False  # no room yet
         tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens  # on demand: what it has, no more
         match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
-        if not self.pages.can_allocate(tokens, match, self.keep_free): return False
+        if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
         try: seq.page_table = self.pages.allocate(tokens, match)
         except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
             _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
@@ -224,7 +228,7 @@ class Scheduler:
         "Resume a swapped sequence (its pages copied back, plus one for its next token if needed); False if it must wait."
         tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens
         extra = pages_needed(tokens, self.pages.page_size) - len(seq.swapped_pages)
-        if self.pages.num_available() < len(seq.swapped_pages) + extra + self.keep_free: return False
+        if self.pages.num_available() < len(seq.swapped_pages) + extra + self._keep_free(): return False
         try:
             table = self.pages.swap_in(seq.swapped_pages)
         except Exception:  # its computed tokens are lost: it is recomputed instead

@@ -40,16 +40,22 @@ class RequestRecord:
 
 async def send_request(client, base_url: str, model: str, spec: RequestSpec, api_key: str | None,
                        forbid_token_ids: list[int]) -> RequestRecord:
-    "Stream one completion and record its timings."
-    body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
-    if forbid_token_ids: body["logit_bias"] = {str(t): -100 for t in forbid_token_ids}
+    "Stream one completion (a chat completion for a chat spec) and record its timings."
+    body = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if spec.chat: body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else: body["prompt"] = spec.prompt
+    if not spec.stop_at_eos:
+        body["ignore_eos"] = True
+        if forbid_token_ids: body["logit_bias"] = {str(t): -100 for t in forbid_token_ids}
+    if spec.sampling: body.update(spec.sampling)
     if spec.response_format is not None: body["response_format"] = spec.response_format
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     rec = RequestRecord(spec.cls, spec.max_tokens, time.perf_counter())
     chunks = 0
     try:
-        async with client.stream("POST", base_url.rstrip("/") + "/completions", json=body, headers=headers) as r:
+        async with client.stream("POST", base_url.rstrip("/") + ("/chat/completions" if spec.chat else "/completions"),
+                                 json=body, headers=headers) as r:
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return rec
@@ -60,7 +66,8 @@ async def send_request(client, base_url: str, model: str, spec: RequestSpec, api
                     u = payload["usage"]
                     rec.prompt_tokens, rec.output_tokens = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
                     rec.cached_tokens = ((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-                if payload.get("choices") and payload["choices"][0].get("text"):
+                choice = (payload.get("choices") or [{}])[0]
+                if choice.get("text") or (choice.get("delta") or {}).get("content"):
                     now = time.perf_counter()
                     rec.first_token_s = rec.first_token_s or now
                     rec.chunk_s.append(now)

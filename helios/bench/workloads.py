@@ -5,14 +5,15 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['LONG_JSON_SCHEMA', 'WORKLOADS', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'decode16', 'json16']
+__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'WORKLOADS', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16']
 
 # %% ../../nbs/14_benchmark.ipynb #25a80683
 import functools
 import itertools
 import json
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from importlib import import_module
 
 
@@ -31,6 +32,9 @@ class RequestSpec:
     prompt: str
     max_tokens: int
     response_format: dict | None = None   # OpenAI's response_format, sent as is
+    chat: bool = False                    # send the prompt as one user message to /chat/completions
+    stop_at_eos: bool = False             # let the model end its answer: no ignore_eos, no EOS ban
+    sampling: dict | None = None          # more sampling fields, sent as is (e.g. repetition_penalty)
 
 
 def text_of_tokens(tokenizer, ids: list[int], start: int, n: int) -> str:
@@ -59,6 +63,40 @@ def prefix_share(tokenizer, seed: int = 0, num_requests: int = 24, num_prefixes:
             for i in range(num_requests)]
 
 
+def prefix_spill(tokenizer, seed: int = 0, num_prefixes: int = 8, rounds: int = 4,
+                 prefix_tokens: int = 1100) -> list[RequestSpec]:
+    "prefix-share with more prefix than a small pool holds: 8 prefixes of 1,100 tokens asked in turn, 4 rounds."
+    return [replace(s, cls="prefix-spill")
+            for s in prefix_share(tokenizer, seed, num_prefixes * rounds, num_prefixes, prefix_tokens)]
+
+
+def shared_pages(tokenizer, specs: list[RequestSpec], page_size: int = 256) -> int:
+    "Distinct full pages of prompt tokens that more than one request starts with: what a cache holds to serve every repeat."
+    counts = Counter()
+    for s in specs:
+        ids = tokenizer.encode(s.prompt)
+        for end in range(page_size, len(ids) + 1, page_size): counts[tuple(ids[:end])] += 1
+    return sum(c > 1 for c in counts.values())
+
+
+CHAT_QUESTIONS = ("In one sentence, what is this text about?", "Summarize this passage in one sentence.",
+                  "Which Python module is this text from? Answer briefly.",
+                  "What is the main idea of this text? Answer in one sentence.",
+                  "Write one question a reader might ask about this text.")
+
+
+def chat_short(tokenizer, seed: int = 0, num_requests: int = 48, max_tokens: int = 1024) -> list[RequestSpec]:
+    "Chat questions on a passage of 40-169 tokens with the chat default of 1,024 max_tokens; the model ends each answer."
+    ids, rng = tokenizer.encode(real_text()), random.Random(seed)
+    specs = []
+    for i in range(num_requests):
+        n = rng.randrange(40, 170)
+        passage = text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), n)
+        specs.append(RequestSpec("chat-short", passage + "\n\n" + CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], max_tokens,
+                                 chat=True, stop_at_eos=True, sampling={"repetition_penalty": 1.1}))
+    return specs
+
+
 def decode16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     "16 requests of 128 prompt and 64 output tokens: the decode-throughput workload."
     ids, rng = tokenizer.encode(real_text()), random.Random(seed)
@@ -77,4 +115,5 @@ def json16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     return [RequestSpec("json-16", s.prompt, s.max_tokens, fmt) for s in decode16(tokenizer, seed)]
 
 
-WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16}
+WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16,
+             "chat-short": chat_short, "prefix-spill": prefix_spill}

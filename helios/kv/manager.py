@@ -62,9 +62,10 @@ class PageManager:
         usable = (num_prompt_tokens - 1) // self.page_size
         return self.prefix_cache.lookup(block_hashes[:usable], self.page_size)
 
-    def num_available(self, match: PrefixMatch = PrefixMatch(0, [])) -> int:
+    def num_available(self, match: PrefixMatch | None = None) -> int:
         "Pages a new allocation could get now: free ones, and idle cached ones except those the match reuses."
-        idle_reused = sum(1 for p in match.pages if self.prefix_cache.is_idle(p)) if self.prefix_cache else 0
+        reused = match.pages if match else []
+        idle_reused = sum(1 for p in reused if self.prefix_cache.is_idle(p)) if self.prefix_cache else 0
         return self.num_free_pages + self.num_cached_pages - idle_reused
 
     def can_allocate(self, num_tokens: int, match: PrefixMatch, keep_free: int = 0) -> bool:

@@ -32,12 +32,12 @@ class FlakyCopier(KVPageCopier):
         super().to_device(host_pages, device_pages)
 
 
-def make(num_pages, num_host_pages=0, reservation="on-demand", max_batch_size=8, chunk=8, caching=True):
+def make(num_pages, num_host_pages=0, reservation="on-demand", max_batch_size=8, chunk=8, caching=True, watermark=0.0):
     kv = KVPool(CFG, num_pages, PAGE, torch.float32, "cpu")
     copier = FlakyCopier(kv, HostKVPool(CFG, num_host_pages, PAGE, torch.float32, pin=False)) if num_host_pages else None
     pages = PageManager(num_pages, PAGE, PrefixCache(60.0) if caching else None, num_host_pages, copier)
     cfg = EngineConfig(max_batch_size=max_batch_size, prefill_chunk_size=chunk, page_size=PAGE, max_queue=1000,
-                       kv_reservation=reservation, kv_watermark=0.0)
+                       kv_reservation=reservation, kv_watermark=watermark)
     return Scheduler(cfg, pages, max_model_len=10_000), kv, copier
 
 
@@ -180,6 +180,18 @@ def test_ttl_applies_to_both_tiers():
     assert s.pages.num_host_cached_pages == 0 and s.pages.num_cached_pages == 0
     assert s.pages.num_host_free_pages == 4 and s.pages.num_free_pages == 4
     s.pages.check_invariants()
+
+
+def test_the_watermark_keeps_pages_for_running_decodes_but_never_blocks_a_lone_request():
+    s, kv, _ = make(num_pages=100, watermark=0.02, chunk=400)       # 2 pages kept free while anything runs
+    whole = seq(list(range(399)), 1)                                # 100 pages: the whole pool
+    s.add([whole]); tick(s, kv, 0.0)
+    assert whole.status is SeqStatus.FINISHED                       # admitted alone, watermark or not
+    first, second = seq(list(range(4 * 90)), 2), seq(list(range(500, 500 + 4 * 9)), 2)   # 90 pages, then 9
+    s.add([first, second]); s.schedule(0.1)
+    assert s.running == [first] and list(s.waiting) == [second]     # 9 would leave 1 page free, fewer than 2
+    s.finish(first, 0.2); s.schedule(0.2)
+    assert s.running == [second]
 
 
 def test_full_reservation_never_preempts():
