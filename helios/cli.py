@@ -23,7 +23,7 @@ from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
 
 # %% auto #0
-__all__ = ['ENGINE_ARGS', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
+__all__ = ['ENGINE_ARGS', 'build_parser', 'byte_count', 'byte_count_or_zero', 'run_generate', 'run_chat', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
@@ -50,7 +50,7 @@ def _add_engine_args(p: argparse.ArgumentParser):
                    help="on-demand (default): pages for the prompt, one more each time decode fills one, preempting the "
                         "newest request when none is left; full: prompt + max_tokens reserved at admission [HELIOS_KV_RESERVATION]")
     p.add_argument("--kv-watermark", type=float, help="on-demand: share of the pool an admission leaves free (default 0.01)")
-    p.add_argument("--kv-offload-bytes", type=byte_count,
+    p.add_argument("--kv-offload-bytes", type=byte_count_or_zero,
                    help="host tier for evicted prefix pages and preempted requests, e.g. 8e9 (default: 0 on CPU, "
                         "4 GiB on CUDA) [HELIOS_KV_OFFLOAD_BYTES]")
     p.add_argument("--max-queue", type=int)
@@ -137,15 +137,20 @@ def _load(args, quiet: bool = False) -> LLM:
                **{k: getattr(args, k) for k in ENGINE_ARGS})
 
 
-def byte_count(text: str) -> int:
-    "A size in bytes for argparse, written 8388608 or 8e6: a finite number >= 1."
+def byte_count(text: str, least: int = 1) -> int:
+    "A size in bytes for argparse, written 8388608 or 8e6: a finite number >= least."
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of bytes such as 8e6, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 1):
-        raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
+    if not (math.isfinite(value) and value >= least):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes >= {least}, got {text!r}")
     return int(value)
+
+
+def byte_count_or_zero(text: str) -> int:
+    "A size in bytes where 0 means: none (a tier turned off)."
+    return byte_count(text, least=0)
 
 # %% ../nbs/90_cli.ipynb #b9ba53eb
 def _stream_to(out: TextIO, deltas) -> str:

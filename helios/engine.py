@@ -53,14 +53,15 @@ class ModelRunner:
         self.device = model.model.embed_tokens.weight.device
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long, device=self.device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
-        self._row_of: dict[int, tuple[int, int]] = {}  # seq_id -> (row, how many of its pages the row holds)
+        self._row_of: dict[int, tuple[int, int, int]] = {}  # seq_id -> (row, pages written, the table's preemption count)
 
     def _row(self, seq: Sequence) -> int:
         "The sequence's row of the page-table buffer, with the pages it took since the last tick written in."
-        row, written = self._row_of.get(seq.seq_id) or (self._free_rows.pop(), 0)
+        row, written, version = self._row_of.get(seq.seq_id) or (self._free_rows.pop(), 0, seq.num_preemptions)
+        if version != seq.num_preemptions: written = 0  # a resumed sequence has a new table: write all of it
         if len(seq.page_table) > written:
             self.page_table_buffer[row, written:len(seq.page_table)] = torch.tensor(seq.page_table[written:])
-        self._row_of[seq.seq_id] = row, len(seq.page_table)
+        self._row_of[seq.seq_id] = row, len(seq.page_table), seq.num_preemptions
         return row
 
     def release(self, seq: Sequence):
@@ -170,7 +171,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
-                              num_requests_failed=0, num_prompt_tokens=0, num_generated_tokens=0, num_ticks=0,
+                              num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
                               num_constrained_rows=0, grammar_mask_s=0.0)
         self._stats = self._snapshot()
 
@@ -234,11 +235,11 @@ class Engine:
         pages, sched, copier = self.pages, self.scheduler, self.copier
         return EngineStats(pages.num_pages, pages.num_free_pages, pages.num_cached_pages, pages.num_used_pages,
                            c("lookups"), c("queried_tokens"), c("hit_pages"), c("hit_tokens"),
-                           len(sched.running), len(sched.waiting), **self._counters,
+                           len(sched.running), len(sched.waiting) + len(sched.resuming), **self._counters,
                            num_host_pages=pages.num_host_pages, num_host_free_pages=pages.num_host_free_pages,
                            num_host_cached_pages=pages.num_host_cached_pages, num_host_swapped_pages=pages.num_swapped_pages,
                            num_preemptions=sched.num_preemptions, num_swapped=sched.num_swapped,
-                           num_recompute_tokens=sched.num_recompute_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
+                           num_recompute_tokens=sched.num_recompute_tokens, num_prompt_tokens=sched.num_prompt_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
                            kv_bytes_to_host=copier.bytes_to_host if copier else 0,
                            kv_bytes_to_device=copier.bytes_to_device if copier else 0,
                            kv_copy_s=copier.seconds if copier else 0.0)
@@ -370,7 +371,6 @@ class Engine:
         return out
 
     def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
-        self._counters["num_prompt_tokens"] += sum(c.num_tokens for c in plan.chunks if c.start < c.seq.num_prompt_tokens)
         chunks = [c for c in plan.chunks if c.samples]
         if not chunks: return
         owners = [self._seq_owner[c.seq.seq_id] for c in chunks]

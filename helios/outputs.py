@@ -173,7 +173,7 @@ class EngineStats:
     num_host_swapped_pages: int = 0   # preempted sequences' tokens
     num_preemptions: int = 0
     num_swapped: int = 0              # preemptions whose tokens went to the host tier (the others are recomputed)
-    num_recompute_tokens: int = 0     # computed tokens preemptions dropped, to be computed again
+    num_recompute_tokens: int = 0     # tokens computed again after a preemption dropped them (cached ones are not)
     prefix_host_hit_tokens: int = 0   # cached tokens copied back from the host tier
     kv_bytes_to_host: int = 0
     kv_bytes_to_device: int = 0

@@ -54,6 +54,7 @@ class Sequence:
     prefix_lookup_s: float = 0.0   # admission: looking up its cached prefix and building its page table
     num_preemptions: int = 0
     swapped_pages: list[int] | None = None  # while preempted by swapping: the host pages holding its computed tokens
+    recompute_until: int = 0       # after a preemption that dropped its tokens: how many it had computed
 
     def __post_init__(self):
         self.block_hashes = prompt_block_hashes(self.prompt_ids, self.page_size)
@@ -126,8 +127,10 @@ class Scheduler:
         self.on_demand = config.kv_reservation == "on-demand"
         self.keep_free = int(config.kv_watermark * pages.num_pages) if self.on_demand else 0  # pages admission leaves
         self.waiting: deque[Sequence] = deque()
+        self.resuming: deque[Sequence] = deque()  # preempted sequences: admitted before any waiting one
         self.running: list[Sequence] = []
-        self.num_preemptions = self.num_swapped = self.num_recompute_tokens = 0
+        self.num_preemptions = self.num_swapped = 0
+        self.num_prompt_tokens = self.num_recompute_tokens = 0  # prompt tokens computed once; tokens computed again
 
     @property
     def max_request_tokens(self) -> int:
@@ -182,27 +185,31 @@ class Scheduler:
         "Send a running sequence back to the head of the wait list: its computed tokens swapped to the host, else dropped."
         computed = seq.page_table[:pages_needed(seq.num_computed_tokens, self.pages.page_size)]
         seq.swapped_pages = self.pages.swap_out(computed) if computed else None
-        if seq.swapped_pages is None:
-            self.num_recompute_tokens += seq.num_computed_tokens
-            seq.num_computed_tokens = 0
+        if seq.swapped_pages is None: self._drop_computed(seq)
         else: self.num_swapped += 1
         self.running.remove(seq)
         self.pages.release(seq.page_table)
         seq.page_table, seq.status = [], SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+        self.resuming.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+
+    def _drop_computed(self, seq: Sequence):
+        "Its keys and values are gone: it will compute its tokens again (what the prefix cache still holds excepted)."
+        seq.recompute_until = max(seq.recompute_until, seq.num_computed_tokens)
+        seq.num_computed_tokens = 0
 
     def _keep_free(self) -> int:
         "Pages an admission must leave for the running decodes (none when nothing runs: a lone request always fits)."
         return self.keep_free if self.running else 0
 
     def _admit(self, now: float):
-        while self.waiting and len(self.running) < self.config.max_batch_size:
-            seq = self.waiting[0]
+        while (self.resuming or self.waiting) and len(self.running) < self.config.max_batch_size:
+            queue = self.resuming or self.waiting
+            seq = queue[0]
             started = time.perf_counter()
             if not self._take_pages(seq): return  # head-of-queue waits
-            self.waiting.popleft()
+            queue.popleft()
             if seq.num_preemptions == 0: seq.prefix_lookup_s = time.perf_counter() - started
             seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
             self.running.append(seq)
@@ -215,11 +222,12 @@ class Scheduler:
         tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens  # on demand: what it has, no more
         match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
         if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
-        try: seq.page_table = self.pages.allocate(tokens, match)
+        first = seq.num_preemptions == 0  # the prefix cache counts a sequence's lookup once
+        try: seq.page_table = self.pages.allocate(tokens, match, count_use=first)
         except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
             _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
             match = PrefixMatch(len(match.pages) * self.pages.page_size, match.pages, match.num_queried_tokens)
-            seq.page_table = self.pages.allocate(tokens, match)
+            seq.page_table = self.pages.allocate(tokens, match, count_use=first)
         if seq.num_preemptions == 0: seq.num_cached_tokens = match.num_cached_tokens
         seq.num_computed_tokens = match.num_cached_tokens
         return True
@@ -234,8 +242,8 @@ class Scheduler:
         except Exception:  # its computed tokens are lost: it is recomputed instead
             _log.warning("swapping a preempted sequence back in failed; recomputing it", exc_info=True)
             self.pages.drop_swapped(seq.swapped_pages)
-            self.num_recompute_tokens += seq.num_computed_tokens
-            seq.swapped_pages, seq.num_computed_tokens = None, 0
+            seq.swapped_pages = None
+            self._drop_computed(seq)
             return False
         seq.page_table, seq.swapped_pages = table + self.pages.take(extra), None
         return True
@@ -259,8 +267,11 @@ class Scheduler:
         "After the forward: advance progress and offer newly completed prompt pages to the prefix cache."
         for chunk in plan.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_tokens
+            start, end = chunk.start, chunk.start + chunk.num_tokens
+            seq.num_computed_tokens = end
             if not chunk.is_decode: seq.waiting_since_s = now
+            self.num_recompute_tokens += max(0, min(end, seq.recompute_until) - start)
+            self.num_prompt_tokens += max(0, min(end, seq.num_prompt_tokens) - max(start, seq.recompute_until))
             if chunk.start < seq.num_prompt_tokens:  # it computed prompt tokens
                 full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pages.page_size
                 self.pages.register(seq.block_hashes[:full], seq.page_table[:full])
@@ -271,9 +282,9 @@ class Scheduler:
             self.running.remove(seq)
             self.pages.release(seq.page_table, now)
         elif seq.status is SeqStatus.WAITING:
-            self.waiting.remove(seq)
+            (self.resuming if seq in self.resuming else self.waiting).remove(seq)
             if seq.swapped_pages is not None: self.pages.drop_swapped(seq.swapped_pages)
         seq.status, seq.page_table, seq.swapped_pages = SeqStatus.FINISHED, [], None
 
     @property
-    def has_work(self) -> bool: return bool(self.waiting or self.running)
+    def has_work(self) -> bool: return bool(self.waiting or self.resuming or self.running)

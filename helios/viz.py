@@ -41,7 +41,8 @@ def tick_state(tick: int, scheduler: Scheduler, plan: TickPlan, name=lambda seq:
                 + (f"{c.start}" if c.num_tokens == 1 else f"{c.start}-{c.start + c.num_tokens - 1}") for c in plan.chunks)
     cached = frozenset(p for p in range(pages.num_pages) if cache is not None and cache.is_cached(p))
     preempted = tuple(f"{name(s)} ({'recompute' if s.swapped_pages is None else 'swapped'})" for s in plan.preempted)
-    return TickState(tick, ran, tuple(map(tuple, holders)), cached, tuple(name(s) for s in scheduler.waiting),
+    return TickState(tick, ran, tuple(map(tuple, holders)), cached,
+                     tuple(name(s) for s in [*scheduler.resuming, *scheduler.waiting]),
                      preempted, host_labels(scheduler, name))
 
 
@@ -51,7 +52,7 @@ def host_labels(scheduler: Scheduler, name=lambda seq: seq.request_id) -> tuple[
     cache = scheduler.pages.prefix_cache
     for block in (cache.blocks(0.0, scheduler.pages.page_size) if cache else []):
         if block.tier == HOST_TIER: labels[block.page] = "~"
-    for seq in scheduler.waiting:
+    for seq in scheduler.resuming:
         for page in seq.swapped_pages or []: labels[page] = name(seq)
     return tuple(labels)
 

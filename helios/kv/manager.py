@@ -73,9 +73,10 @@ class PageManager:
         fresh = pages_needed(num_tokens, self.page_size) - len(match.pages)
         return fresh + keep_free <= self.num_available(match)
 
-    def allocate(self, num_tokens: int, match: PrefixMatch) -> list[int]:
-        """A page table for num_tokens: the matched device pages (their reuse counted now), then fresh ones, the first of
-        which take the matched host blocks back. If copying them back fails, nothing changed and the error is raised."""
+    def allocate(self, num_tokens: int, match: PrefixMatch, count_use: bool = True) -> list[int]:
+        """A page table for num_tokens: the matched device pages (their reuse counted now, unless count_use is False), then
+        fresh ones, the first of which take the matched host blocks back. If copying them back fails, nothing changed and
+        the error is raised."""
         assert self.can_allocate(num_tokens, match), "allocate() without can_allocate()"
         cache = self.prefix_cache
         for p in match.pages:
@@ -87,7 +88,7 @@ class PageManager:
         except Exception:
             self.release(match.pages)
             raise
-        if cache is not None: cache.count_use(match, self.page_size)
+        if cache is not None and count_use: cache.count_use(match, self.page_size)
         return list(match.pages) + fresh
 
     def _copy_back(self, host_blocks: tuple[bytes, ...], fresh: list[int]):

@@ -5,15 +5,37 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['HostKVPool', 'KVPageCopier', 'num_host_pages_for_budget', 'describe_host_budget']
+__all__ = ['COPY_CHUNK_PAGES', 'pinned_zeros', 'HostKVPool', 'KVPageCopier', 'num_host_pages_for_budget', 'describe_host_budget']
 
 # %% ../../nbs/09_prefix_cache.ipynb #b8962b90
+import logging
 import time
+import weakref
+from contextlib import contextmanager
 
 import torch
 
 from ..config import ModelConfig
 from .pool import KVPool, page_bytes
+
+COPY_CHUNK_PAGES = 8  # pages gathered into one device temporary at a time: copies never need much free device memory
+_log = logging.getLogger(__name__)
+
+
+def pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in page-locked host memory, registered with CUDA at exactly their size (`pin_memory=True` would round
+    each tensor up to a power of two); PyTorch's own pinning if registering fails."""
+    t = torch.zeros(shape, dtype=dtype)
+    try:
+        cudart = torch.cuda.cudart()
+        registered = int(cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)) == 0
+    except (AttributeError, RuntimeError, TypeError):
+        registered = False
+    if not registered:
+        _log.warning("cudaHostRegister failed; pinning the host tier through PyTorch (which rounds it up)")
+        return t.pin_memory()
+    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    return t
 
 
 class HostKVPool:
@@ -21,14 +43,13 @@ class HostKVPool:
     contiguous block (pinned next to a GPU, which lets copies run asynchronously)."""
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, pin: bool):
         shape = (num_pages, cfg.num_layers, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-        self.v = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+        self.k, self.v = (pinned_zeros(shape, dtype) if pin else torch.zeros(shape, dtype=dtype) for _ in range(2))
         self.num_pages, self.page_size = num_pages, page_size
 
 
 class KVPageCopier:
     """Copies whole pages between the device pool and the host pool, counting bytes and seconds. On CUDA the copies
-    run on their own stream: the forward waits for them only where it reads or overwrites the pages they touch."""
+    run on a stream of their own, which the forward's stream waits for before it touches the pool again."""
     def __init__(self, device_kv: KVPool, host_kv: HostKVPool):
         self.device_kv, self.host_kv = device_kv, host_kv
         self.page_bytes = 2 * device_kv.k[:, 0].numel() * device_kv.k.element_size()  # K and V of one page, all layers
@@ -39,39 +60,46 @@ class KVPageCopier:
     def to_host(self, device_pages: list[int], host_pages: list[int]):
         "Copy device pages into host pages."
         started = time.perf_counter()
-        src = torch.tensor(device_pages, device=self.device_kv.k.device)
         if self.stream is None:
-            dst = torch.tensor(host_pages)
+            src, dst = torch.tensor(device_pages), torch.tensor(host_pages)
             for pool, host in self._pairs(): host.index_copy_(0, dst, pool.index_select(1, src).transpose(0, 1))
         else:
-            main = torch.cuda.current_stream(self.stream.device)
-            self.stream.wait_stream(main)  # the forward may still be writing these pages
-            with torch.cuda.stream(self.stream):
-                gathered = [pool.index_select(1, src).transpose(0, 1) for pool, _ in self._pairs()]  # [n, L, ps, Hkv, D]
-                read = torch.cuda.Event()
-                read.record(self.stream)
-                for (_, host), pages in zip(self._pairs(), gathered):
-                    for i, page in enumerate(host_pages): host[page].copy_(pages[i], non_blocking=True)
-            main.wait_event(read)  # the freed pages may be overwritten once they are read; the transfer runs on
+            with self._on_copy_stream():
+                for start in range(0, len(device_pages), COPY_CHUNK_PAGES):
+                    src = torch.tensor(device_pages[start:start + COPY_CHUNK_PAGES], device=self.device_kv.k.device)
+                    for pool, host in self._pairs():
+                        gathered = pool.index_select(1, src).transpose(0, 1)  # [n, L, page_size, Hkv, D]
+                        for i, page in enumerate(host_pages[start:start + COPY_CHUNK_PAGES]):
+                            host[page].copy_(gathered[i], non_blocking=True)
         self._count(started, to_host=len(device_pages))
 
     def to_device(self, host_pages: list[int], device_pages: list[int]):
-        "Copy host pages into device pages (the forward waits for them on CUDA)."
+        "Copy host pages into device pages."
         started = time.perf_counter()
-        src = torch.tensor(host_pages)
-        dst = torch.tensor(device_pages, device=self.device_kv.k.device)
         if self.stream is None:
+            src, dst = torch.tensor(host_pages), torch.tensor(device_pages)
             for pool, host in self._pairs(): pool.index_copy_(1, dst, host.index_select(0, src).transpose(0, 1))
         else:
             self.stream.synchronize()  # host pages written by transfers still running are read below
-            main = torch.cuda.current_stream(self.stream.device)
-            self.stream.wait_stream(main)
-            with torch.cuda.stream(self.stream):
-                for pool, host in self._pairs():
-                    pages = host.index_select(0, src).pin_memory().to(pool.device, non_blocking=True)
-                    pool.index_copy_(1, dst, pages.transpose(0, 1))
-            main.wait_stream(self.stream)
+            with self._on_copy_stream():
+                for start in range(0, len(host_pages), COPY_CHUNK_PAGES):
+                    src = torch.tensor(host_pages[start:start + COPY_CHUNK_PAGES])
+                    dst = torch.tensor(device_pages[start:start + COPY_CHUNK_PAGES], device=self.device_kv.k.device)
+                    for pool, host in self._pairs():
+                        pages = host.index_select(0, src).pin_memory().to(pool.device, non_blocking=True)
+                        pool.index_copy_(1, dst, pages.transpose(0, 1))
         self._count(started, to_device=len(device_pages))
+
+    @contextmanager
+    def _on_copy_stream(self):
+        """Run on the copy stream after everything the forward queued (it may still be writing these pages); the
+        forward's stream then waits for the copies, even when one raised halfway (its pages are reused at once)."""
+        main = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(main)
+        try:
+            with torch.cuda.stream(self.stream): yield
+        finally:
+            main.wait_stream(self.stream)
 
     def _pairs(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         "(device pool, host pool) for K, then V."

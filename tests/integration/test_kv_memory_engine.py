@@ -128,7 +128,7 @@ def test_cancels_mid_swap_and_errors_leak_nothing(parts):
     for _ in range(400):
         if not engine.step(): break
         engine.pages.check_invariants()
-        waiting = [s for s in engine.scheduler.waiting if s.swapped_pages]
+        waiting = [s for s in engine.scheduler.resuming if s.swapped_pages]
         if waiting and swapped is None:  # a request preempted to the host tier: its client goes away
             swapped = waiting[0]
             engine.cancel(swapped.request_id)

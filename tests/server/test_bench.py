@@ -128,3 +128,93 @@ def test_compare_table_rows_have_as_many_cells_as_its_header(engines):
     cells = lambda line: line.strip().strip("|").split("|")
     assert len(cells(lines[0])) == 2 * len(engines) and all(len(cells(l)) == 2 * len(engines) for l in lines)
     assert lines[0].split("|")[1].strip() == "metric" and all(c.strip() for c in cells(lines[0]))
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    from helios.tokenizer import load_tokenizer
+    from helios.weights import default_model_path
+    return load_tokenizer(default_model_path())
+
+
+def test_kv_memory_workloads_are_deterministic_and_outgrow_the_benchmark_pools(smol_tokenizer):
+    "chat-short lets answers end and holds 1,024 tokens of max_tokens; prefix-spill shares more pages than its pool."
+    from _scripts import load_script
+    from helios.bench.workloads import WORKLOADS, shared_pages
+    bench = load_script("kv_memory_bench").EXPERIMENTS
+    tok = smol_tokenizer
+    chat = WORKLOADS["chat-short"](tok)
+    assert chat == WORKLOADS["chat-short"](tok) and chat != WORKLOADS["chat-short"](tok, 1)
+    assert len(chat) == 48 and all(s.chat and s.stop_at_eos and s.max_tokens == 1024 for s in chat)
+    lengths = [len(tok.encode(s.prompt)) for s in chat]
+    assert 40 <= min(lengths) and max(lengths) <= 200
+    # full reservation (prompt, the chat template's few dozen tokens and 1,024) fits at most 4 in the chat pool;
+    # on-demand starts each with the one page its prompt needs
+    pages, per_request = bench["chat-short"]["pages"], -(-(max(lengths) + 64 + 1024) // 256)
+    assert pages // per_request <= 4 and pages >= 16
+    spill = WORKLOADS["prefix-spill"](tok)
+    assert spill == WORKLOADS["prefix-spill"](tok) and spill != WORKLOADS["prefix-spill"](tok, 1)
+    prefixes = [s.prompt.split("\n\nQuestion: ")[0] for s in spill]
+    assert len(spill) == 32 and len(set(prefixes)) == 8 and prefixes == prefixes[:8] * 4  # each back after 7 others
+    assert not any(s.stop_at_eos or s.chat for s in spill)
+    assert shared_pages(tok, spill) >= 2 * bench["prefix-spill"]["pages"]  # twice what the device pool holds
+
+
+def test_chat_specs_go_to_the_chat_endpoint_and_may_end_at_eos():
+    "The request bodies the client sends, and a streamed chat answer counted from its deltas and usage."
+    import asyncio
+    import json
+
+    import httpx
+    from helios.bench.client import send_request
+    from helios.bench.workloads import RequestSpec
+    seen = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body))
+        chat = request.url.path.endswith("/chat/completions")
+        chunk = lambda text: {"choices": [{"delta": {"content": text}} if chat else {"text": text}]}
+        events = [chunk("Hello"), chunk(" there"), {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}]
+        return httpx.Response(200, text="".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n")
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(reply)) as client:
+            chat = RequestSpec("c", "What is 2 + 2?", 1024, chat=True, stop_at_eos=True, sampling={"repetition_penalty": 1.1})
+            plain = RequestSpec("p", "Once upon a time", 8)
+            return [await send_request(client, "http://x/v1", "m", s, None, [2]) for s in (chat, plain)]
+
+    chat_rec, plain_rec = asyncio.run(go())
+    (chat_path, chat_body), (plain_path, plain_body) = seen
+    assert chat_path == "/v1/chat/completions" and chat_body["messages"] == [{"role": "user", "content": "What is 2 + 2?"}]
+    assert "ignore_eos" not in chat_body and "logit_bias" not in chat_body and chat_body["repetition_penalty"] == 1.1
+    assert "prompt" not in chat_body and chat_body["max_tokens"] == 1024
+    assert plain_path == "/v1/completions" and plain_body["ignore_eos"] is True and plain_body["logit_bias"] == {"2": -100}
+    for rec in (chat_rec, plain_rec):
+        assert rec.ok and rec.output_tokens == 2 and rec.prompt_tokens == 7 and len(rec.chunk_s) == 2
+
+
+def test_bench_offers_every_workload():
+    from helios.bench.workloads import WORKLOADS
+    from helios.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
+    assert next(a for a in sub._actions if a.dest == "workload").choices == list(WORKLOADS)
+
+
+def test_kv_memory_script_reads_the_servers_metrics():
+    "The Prometheus text the script scrapes, and what it makes of /health samples."
+    from _scripts import load_script
+    kv = load_script("kv_memory_bench")
+    text = ('# HELP helios:num_preemptions_total x\nhelios:num_preemptions_total{model_name="m"} 3.0\n'
+            'helios:kv_offload_bytes_total{model_name="m",direction="to_host"} 1024.0\n'
+            'helios:kv_offload_bytes_total{model_name="m",direction="to_device"} 512.0\n'
+            'helios:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 2.0\n')
+    prom = kv.parse_metrics(text)
+    assert prom == {"helios:num_preemptions_total": 3, 'helios:kv_offload_bytes_total{direction="to_host"}': 1024,
+                    'helios:kv_offload_bytes_total{direction="to_device"}': 512}
+    assert kv.metric(prom, "helios:num_preemptions_total") == 3 and kv.metric(prom, "helios:missing") is None
+    assert kv.metric(prom, "helios:kv_offload_bytes_total", direction="to_device") == 512
+    assert kv.metric(prom, "helios:kv_offload_bytes_total") == 1536
+    samples = [(t, {"running": r, "waiting": 0, "kv_pages": {"host": {"cached": t}}}) for t, r in enumerate([9, 2, 4, 6, 9])]
+    s = kv.server_side(samples, 1, 3, prom, 20)
+    assert s["running_peak"] == 6 and s["running_mean"] == 4 and s["host_cached_pages_peak"] == 3 and s["preemptions"] == 3
