@@ -101,7 +101,7 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class TickPlan:
     chunks: list[ScheduledChunk]
-    preempted: tuple[Sequence, ...] = ()  # running sequences sent back to the wait list to free pages for this tick
+    preempted: tuple[Sequence, ...] = ()  # running sequences sent to the resuming queue to free pages for this tick
 
     @property
     def num_tokens(self) -> int: return sum(c.num_tokens for c in self.chunks)
@@ -182,7 +182,7 @@ class Scheduler:
         return preempted
 
     def _preempt(self, seq: Sequence):
-        "Send a running sequence back to the head of the wait list: its computed tokens swapped to the host, else dropped."
+        "Send a running sequence to the resuming queue: its computed tokens swapped to the host, else dropped."
         computed = seq.page_table[:pages_needed(seq.num_computed_tokens, self.pages.page_size)]
         seq.swapped_pages = self.pages.swap_out(computed) if computed else None
         if seq.swapped_pages is None: self._drop_computed(seq)
@@ -219,7 +219,7 @@ class Scheduler:
         if seq.swapped_pages is not None:
             if self._swap_in(seq): return True
             if seq.swapped_pages is not None: return False  # no room yet
-        tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens  # on demand: what it has, no more
+        tokens = self._tokens_to_hold(seq)
         match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
         if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
         first = seq.num_preemptions == 0  # the prefix cache counts a sequence's lookup once
@@ -232,10 +232,13 @@ class Scheduler:
         seq.num_computed_tokens = match.num_cached_tokens
         return True
 
+    def _tokens_to_hold(self, seq: Sequence) -> int:
+        "The tokens an admitted sequence's pages cover: what it has (on demand), or its prompt plus max_tokens (full)."
+        return seq.num_tokens if self.on_demand else seq.num_reserved_tokens
+
     def _swap_in(self, seq: Sequence) -> bool:
         "Resume a swapped sequence (its pages copied back, plus one for its next token if needed); False if it must wait."
-        tokens = seq.num_tokens if self.on_demand else seq.num_reserved_tokens
-        extra = pages_needed(tokens, self.pages.page_size) - len(seq.swapped_pages)
+        extra = pages_needed(self._tokens_to_hold(seq), self.pages.page_size) - len(seq.swapped_pages)
         if self.pages.num_available() < len(seq.swapped_pages) + extra + self._keep_free(): return False
         try:
             table = self.pages.swap_in(seq.swapped_pages)

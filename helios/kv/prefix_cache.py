@@ -199,8 +199,8 @@ class PrefixCache:
 
     def expire(self, now: float) -> tuple[list[int], list[int]]:
         "Forget blocks idle for longer than the TTL, on both tiers, deepest first: (device pages, host pages)."
-        old = [h for page, since in self._idle.items() if now - since > self.ttl_s for h in [self._hash_of[page]]]
-        old += [h for page, since in self._host.items() if now - since > self.ttl_s for h in [self._host_hash_of[page]]]
+        old = [self._hash_of[page] for page, since in self._idle.items() if now - since > self.ttl_s]
+        old += [self._host_hash_of[page] for page, since in self._host.items() if now - since > self.ttl_s]
         device, host = [], []
         for h in sorted(old, key=lambda h: -self._blocks[h].depth):
             if self._blocks[h].children: continue  # a child is still fresh: the parent stays with it
