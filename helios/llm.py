@@ -66,7 +66,8 @@ class LLM:
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
-            print(f"helios: {self.path.name} ({self.config.architecture}, {loaded.dtype}{weights}, {loaded.device}) "
+            kv_element = torch.empty((), dtype=loaded.dtype).element_size()
+            print(f"helios: {self.path.name} ({self.config.describe(kv_element)}; {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
                   f"attention: {self.engine.runner.backend.name}; matmuls: {matmul_summary(loaded)}",
                   file=sys.stderr)

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import torch
 
 from .config import ModelConfig
-from .model.attention import sdpa_attention
+from .model.attention import SequenceContext, sdpa_attention
 from .model.qwen3 import CausalLM
 
 # %% auto #0
@@ -20,22 +20,43 @@ __all__ = ['KVCache', 'prefill', 'decode_one_token', 'greedy', 'stream_tokens', 
 
 # %% ../nbs/06_kv_cache.ipynb #6ef1630c
 class KVCache:
-    "Contiguous K/V for a batch of sequences that advance in lockstep."
+    "Contiguous K/V for a batch of sequences that advance in lockstep, laid out as the model's `kv_layout` says."
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, max_len, Hkv, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, max_len, Hkv, D]
-        self.max_len, self.length = max_len, 0
+        layout = cfg.kv_layout
+        self.k = torch.zeros(cfg.num_layers, batch_size, max_len, layout.num_heads, layout.k_dim,
+                             dtype=dtype, device=device)  # [L, B, max_len, Hkv, Dk]
+        self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, batch_size, max_len, layout.num_heads,
+                                                        layout.v_dim, dtype=dtype, device=device)  # [L, B, max_len, Hkv, Dv]
+        self.v_dim, self.max_len, self.length = layout.v_dim, max_len, 0
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        "Store k/v: [B, T, Hkv, D] after the cached tokens; attend q: [B, T, Hq, D] over all of them."
-        start, end = self.length, self.length + q.shape[1]
+    def _store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None) -> int:
+        "k: [B, T, Hkv, Dk] (and v: [B, T, Hkv, Dv], or None when values live in the keys) after the cached tokens."
+        start, end = self.length, self.length + k.shape[1]
         if end > self.max_len:
             raise ValueError(f"sequence of {end} tokens does not fit the cache of {self.max_len}")
         self.k[layer_idx, :, start:end] = k
-        self.v[layer_idx, :, start:end] = v
-        return sdpa_attention(q, self.k[layer_idx, :, :end], self.v[layer_idx, :, :end])
+        if self.v is not None: self.v[layer_idx, :, start:end] = v
+        return end
+
+    def _values(self, layer_idx: int, end: int) -> torch.Tensor:
+        return self.v[layer_idx, :, :end] if self.v is not None else self.k[layer_idx, :, :end, :, :self.v_dim]
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        "Store the new k/v; attend q: [B, T, Hq, Dk] over every cached token -> [B, T, Hq, Dv]."
+        end = self._store(layer_idx, k, v)
+        return sdpa_attention(q, self.k[layer_idx, :, :end], self._values(layer_idx, end), scale)
+
+    def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
+        "(new tokens, context after them) of each row, for a forward of num_tokens tokens per row."
+        return [(num_tokens, self.length + num_tokens)] * self.k.shape[1]
+
+    def contexts(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> list[SequenceContext]:
+        "Store the new k/v, then each row's whole context."
+        end = self._store(layer_idx, k, v)
+        values = self._values(layer_idx, end)
+        return [SequenceContext(b, 0, k.shape[1], self.k[layer_idx, b, :end], values[b]) for b in range(k.shape[0])]
 
     def advance(self, num_tokens: int):
         self.length += num_tokens

@@ -18,13 +18,14 @@ from torch import nn
 
 from .config import ModelConfig, load_hf_config
 from .model.layers import LMHead
-from .model.qwen3 import CausalLM, model_from_state_dict
+from .model.qwen3 import CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
 from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice, choose
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
-           'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint', 'LinearFactory',
-           'replace_linears', 'choose_matmul', 'LoadedModel', 'load_model']
+           'FLOAT32_TENSORS', 'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint',
+           'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'random_model',
+           'LoadedModel', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -128,6 +129,35 @@ def choose_matmul(name: str, device: torch.device, dtype: torch.dtype, exact: bo
     return Choice(TORCH_MATMUL, TORCH_MATMUL.build(device=device, exact=exact),
                   (f"the others replace float32 CPU linears only ({dtype} on {device})",))
 
+# %% ../nbs/04_weights.ipynb #b76559dc
+from .model.mla import deepseek_layer, mla_state_dict
+from .model.moe import moe_layer, stack_experts
+
+FLOAT32_TENSORS = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")  # routers choose in float32, in any dtype
+
+
+def layer_factory(cfg: ModelConfig) -> LayerFactory:
+    "How this architecture builds each decoder layer."
+    if cfg.mla is not None: return deepseek_layer
+    if cfg.moe is not None: return moe_layer
+    return DecoderLayer
+
+
+def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> CausalLM:
+    """The model of any supported architecture, adopting checkpoint tensors given with Hugging Face names (the dict
+    is consumed). Layers past the config's (DeepSeek-V3's multi-token-prediction layer) are not part of it."""
+    extra = [name for name in state_dict if name.startswith("model.layers.") and int(name.split(".")[2]) >= cfg.num_layers]
+    for name in extra: del state_dict[name]
+    if cfg.mla is not None: state_dict = mla_state_dict(cfg, state_dict)
+    if cfg.moe is not None: state_dict = stack_experts(cfg, state_dict)
+    return model_from_state_dict(cfg, state_dict, layer_factory(cfg))
+
+
+def random_model(cfg: ModelConfig, seed: int = 0) -> CausalLM:
+    "A randomly initialised model of any architecture (tests and examples)."
+    torch.manual_seed(seed)
+    return CausalLM(cfg, layer_factory(cfg)).eval()
+
 # %% ../nbs/04_weights.ipynb #59cd4ead
 from .formats.gguf import GGUFFile, config_from_gguf, load_gguf_tensors
 
@@ -157,11 +187,11 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     if path.suffix == ".gguf":
         reader = GGUFFile(path)
         cfg = config_from_gguf(reader)
-        tensors = load_gguf_tensors(reader, cfg, dtype, device)
+        tensors = load_gguf_tensors(reader, cfg, dtype, device, FLOAT32_TENSORS)
     else:
         cfg = load_hf_config(path)
-        tensors = load_safetensors(path, dtype, device)
-    net = model_from_state_dict(cfg, tensors)
+        tensors = load_safetensors(path, dtype, device, FLOAT32_TENSORS)
+    net = build_model(cfg, tensors)
     weight_dtype = dtype
     if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):
         weight_dtype = choice.value.weight_dtype or dtype

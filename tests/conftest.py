@@ -33,6 +33,38 @@ def save_tiny(kind: str, folder: Path, **overrides) -> Path:
     return folder
 
 
+# Newer families, tiny: experts, latent attention (DeepSeek), YaRN; save_family writes one with transformers.
+FAMILY_COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+              initializer_range=PEAKED_INIT_RANGE, max_position_embeddings=1024, bos_token_id=None,
+              eos_token_id=None, pad_token_id=None)
+FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                                         mlp_only_layers=[1], rope_theta=1e6)),
+    "deepseek_v2": ("DeepseekV2Config", dict(num_hidden_layers=3, num_key_value_heads=4, n_routed_experts=8,
+                                             num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                             first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None,
+                                             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                             topk_method="group_limited_greedy", n_group=4, topk_group=2)),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_hidden_layers=3, num_key_value_heads=4, n_routed_experts=8,
+                                             num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                             first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48,
+                                             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=4,
+                                             topk_group=2, rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                             original_max_position_embeddings=256, mscale=1.0, mscale_all_dim=1.0))),
+}
+
+
+def save_family(name: str, folder: Path, **overrides) -> Path:
+    "Write a tiny random checkpoint of one of FAMILIES with transformers (overrides: config fields)."
+    import transformers
+    config_cls, extra = FAMILIES[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**{**FAMILY_COMMON, **extra, **overrides})
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session", params=["qwen3_tied", "qwen3_untied", "llama"])
 def tiny_checkpoint(request, tmp_path_factory) -> Path:
     return save_tiny(request.param, tmp_path_factory.mktemp(request.param))

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['Timer', 'AttentionBackend', 'PagedKV', 'choose_backend']
+__all__ = ['Timer', 'AttentionBackend', 'PagedKV', 'gather_pages', 'choose_backend']
 
 # %% ../../nbs/08_paged_pool.ipynb #dbd3e3d8
 from abc import ABC, abstractmethod
@@ -16,7 +16,9 @@ import torch
 
 from ..config import ModelConfig
 from ..kv.batch import PagedBatch
+from ..kv.pages import pages_needed
 from ..kv.pool import KVPool
+from ..model.attention import SequenceContext
 from ..registry import Choice, choose
 
 Timer = Callable[[str], AbstractContextManager]  # timer("attention") times what runs inside the with block
@@ -27,8 +29,9 @@ class AttentionBackend(ABC):
     name: str = "attention"  # how the start-up line names it
 
     @abstractmethod
-    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-        "q: [1, N, Hq, D], k_pages/v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                 scale: float | None = None) -> torch.Tensor:
+        "q: [1, N, Hq, Dk], k_pages: [P, page_size, Hkv, Dk], v_pages: [P, page_size, Hkv, Dv] -> [1, N, Hq, Dv]."
 
     def run_layer(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -45,12 +48,38 @@ class PagedKV:
     def __init__(self, pool: KVPool, batch: PagedBatch, backend: AttentionBackend, timer: Timer | None = None):
         self.pool, self.batch, self.backend, self.timer = pool, batch, backend, timer
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        "q: [1, N, Hq, D], k/v: [1, N, Hkv, D] -> [1, N, Hq, D]."
-        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], v[0])
-        k_pages, v_pages = self.pool.k[layer_idx], self.pool.v[layer_idx]
-        if self.timer is None: return self.backend(q, k_pages, v_pages, self.batch)
-        with self.timer("attention"): return self.backend(q, k_pages, v_pages, self.batch)
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        "q: [1, N, Hq, Dk], k: [1, N, Hkv, Dk], v: [1, N, Hkv, Dv] or None (values in the keys) -> [1, N, Hq, Dv]."
+        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], None if v is None else v[0])
+        k_pages, v_pages = self.pool.k[layer_idx], self.pool.values(layer_idx)
+        if self.timer is None: return self.backend(q, k_pages, v_pages, self.batch, scale)
+        with self.timer("attention"): return self.backend(q, k_pages, v_pages, self.batch, scale)
+
+    def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
+        "(new tokens, context after them) of each sequence of the tick (num_tokens: the packed total, unused)."
+        return list(zip(self.batch.query_lens, self.batch.context_lens))
+
+    def contexts(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> list[SequenceContext]:
+        "Store the new k/v like attend, then each sequence's whole context, gathered from its pages."
+        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], None if v is None else v[0])
+        return [self._context(layer_idx, i, start, n, ctx) for i, (start, n, ctx)
+                in enumerate(zip(self.batch.query_starts, self.batch.query_lens, self.batch.context_lens))]
+
+    def _context(self, layer_idx: int, i: int, start: int, n: int, ctx: int) -> SequenceContext:
+        keys = gather_pages(self.pool.k[layer_idx], self.batch.page_tables[i], ctx)   # [ctx, Hkv, Dk]
+        values = (keys[..., :self.pool.v_dim] if self.pool.v is None                  # [ctx, Hkv, Dv]
+                  else gather_pages(self.pool.v[layer_idx], self.batch.page_tables[i], ctx))
+        return SequenceContext(0, start, n, keys, values)
+
+
+def gather_pages(pages_of_layer: torch.Tensor, page_table: torch.Tensor, length: int) -> torch.Tensor:
+    "A sequence's first `length` tokens from pages_of_layer: [P, page_size, H, D] -> [length, H, D]."
+    used = page_table[: pages_needed(length, pages_of_layer.shape[1])]
+    first = int(used[0])
+    if len(used) == 1 or bool((used.diff() == 1).all()):  # consecutive pages: a view, no copy
+        return pages_of_layer[first:first + len(used)].flatten(0, 1)[:length]
+    return pages_of_layer[used].flatten(0, 1)[:length]
 
 
 def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto") -> Choice:

@@ -24,14 +24,15 @@ def varlen_available(device: torch.device) -> bool:
     return True
 
 
-def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                     scale: float | None = None) -> torch.Tensor:
     "FlashAttention over pages (CUDA). q: [1, N, Hq, D]."
     from torch.nn.attention.varlen import varlen_attn
     device = q.device
     cu_q = torch.tensor([0] + [s + n for s, n in zip(batch.query_starts, batch.query_lens)], device=device, dtype=torch.int32)
     ctx = torch.tensor(batch.context_lens, device=device, dtype=torch.int32)
     out = varlen_attn(q[0], k_pages, v_pages, cu_q, None, max(batch.query_lens), max(batch.context_lens),
-                      window_size=(-1, 0), enable_gqa=q.shape[2] != k_pages.shape[2], seqused_k=ctx,
+                      scale=scale, window_size=(-1, 0), enable_gqa=q.shape[2] != k_pages.shape[2], seqused_k=ctx,
                       block_table=batch.page_tables.to(torch.int32), num_splits=1)
     return out[None]
 
@@ -39,12 +40,16 @@ def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
 class VarlenAttention(AttentionBackend):
     "PyTorch's FlashAttention over the page tables (CUDA)."
     name = "FlashAttention (varlen)"
-    def __call__(self, q, k_pages, v_pages, batch): return varlen_attention(q, k_pages, v_pages, batch)
+    def __call__(self, q, k_pages, v_pages, batch, scale=None): return varlen_attention(q, k_pages, v_pages, batch, scale)
 
 
-def _build_varlen(device: torch.device, **_) -> VarlenAttention:
+def _build_varlen(device: torch.device, cfg=None, **_) -> VarlenAttention:
     if not varlen_available(torch.device(device)):
         raise NotApplicable(f"varlen_attn needs a CUDA build of PyTorch with torch.nn.attention.varlen, not {device}")
+    layout = None if cfg is None else cfg.kv_layout
+    if layout is not None and (layout.v_in_k or layout.k_dim > 256):
+        raise NotApplicable(f"FlashAttention reads separate K and V pages of at most 256 channels, not this model's "
+                            f"{layout.k_dim}-wide {'latent' if layout.v_in_k else 'keys'}")
     return VarlenAttention()
 
 

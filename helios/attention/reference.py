@@ -5,33 +5,40 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['REFERENCE', 'BATCHED', 'reference_attention', 'batched_attention', 'prefill_chunks_attention', 'ReferenceAttention', 'BatchedAttention']
+__all__ = ['REFERENCE', 'BATCHED', 'values_in_keys', 'reference_attention', 'batched_attention', 'prefill_chunks_attention', 'ReferenceAttention', 'BatchedAttention']
 
 # %% ../../nbs/08_paged_pool.ipynb #8e308740
 import torch
 
-from .base import AttentionBackend
+from .base import AttentionBackend, gather_pages
 from ..kv.batch import DecodeRows, PagedBatch
-from ..kv.pages import pages_needed
 from ..model.attention import sdpa_attention
 from ..registry import Implementation
 
-def _gather_pages(pages_of_layer: torch.Tensor, page_table: torch.Tensor, length: int) -> torch.Tensor:
-    "A sequence's first `length` tokens from pages_of_layer: [P, page_size, Hkv, D] -> [length, Hkv, D]."
-    used = page_table[: pages_needed(length, pages_of_layer.shape[1])]
-    first = int(used[0])
-    if len(used) == 1 or bool((used.diff() == 1).all()):  # consecutive pages: a view, no copy
-        return pages_of_layer[first:first + len(used)].flatten(0, 1)[:length]
-    return pages_of_layer[used].flatten(0, 1)[:length]
+def _output(q: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+    "The attention output for q [1, N, Hq, Dk]: [1, N, Hq, Dv], one value-width vector per query head."
+    return q.new_empty(*q.shape[:-1], v_pages.shape[-1])
 
 
-def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-    "Per sequence: gather its pages, then causal SDPA. q: [1, N, Hq, D]."
-    out = torch.empty_like(q)
+def values_in_keys(k_pages: torch.Tensor, v_pages: torch.Tensor) -> bool:
+    "v_pages is the first channels of k_pages (latent attention's pool): gather the keys once and slice the values."
+    return v_pages.data_ptr() == k_pages.data_ptr() and v_pages.stride() == k_pages.stride()
+
+
+def _sequence_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor, length: int):
+    "One sequence's first `length` keys [1, length, Hkv, Dk] and values [1, length, Hkv, Dv] from its pages."
+    k = gather_pages(k_pages, table, length)[None]
+    v = k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)[None]
+    return k, v
+
+
+def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                        scale: float | None = None) -> torch.Tensor:
+    "Per sequence: gather its pages, then causal SDPA. q: [1, N, Hq, Dk] -> [1, N, Hq, Dv]."
+    out = _output(q, v_pages)
     for i, (start, n, ctx) in enumerate(zip(batch.query_starts, batch.query_lens, batch.context_lens)):
-        k = _gather_pages(k_pages, batch.page_tables[i], ctx)[None]  # [1, ctx, Hkv, D]
-        v = _gather_pages(v_pages, batch.page_tables[i], ctx)[None]
-        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v)
+        k, v = _sequence_kv(k_pages, v_pages, batch.page_tables[i], ctx)  # [1, ctx, Hkv, Dk | Dv]
+        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v, scale)
     return out
 
 
@@ -48,53 +55,56 @@ def _gather_head_major(pages_of_layer: torch.Tensor, tables: torch.Tensor, lengt
     return out
 
 
-def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
-    "One query per row, all rows in two batched matmuls. q: [R, Hq, D] -> [R, Hq, D]."
+def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, rows: DecodeRows,
+                           scale: float | None = None) -> torch.Tensor:
+    "One query per row, all rows in two batched matmuls. q: [R, Hq, Dk] -> [R, Hq, Dv]."
     R, num_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
-    k = _gather_head_major(k_pages, rows.page_tables, rows.longest)             # [R, Hkv, S, D]
-    v = _gather_head_major(v_pages, rows.page_tables, rows.longest)
-    q = q.view(R, num_kv_heads, num_heads // num_kv_heads, head_dim)            # [R, Hkv, G, D]: GQA groups
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * head_dim ** -0.5     # [R, Hkv, G, S]
+    k = _gather_head_major(k_pages, rows.page_tables, rows.longest)             # [R, Hkv, S, Dk]
+    v = (k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages)         # [R, Hkv, S, Dv]
+         else _gather_head_major(v_pages, rows.page_tables, rows.longest))
+    q = q.view(R, num_kv_heads, num_heads // num_kv_heads, head_dim)            # [R, Hkv, G, Dk]: GQA groups
+    scale = head_dim ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale               # [R, Hkv, G, S]
     scores.masked_fill_(rows.padding[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1).to(v.dtype)
-    return torch.matmul(probs, v).view(R, num_heads, head_dim)                  # [R, Hkv, G, D] -> [R, Hq, D]
+    return torch.matmul(probs, v).view(R, num_heads, v.shape[-1])               # [R, Hkv, G, Dv] -> [R, Hq, Dv]
 
 
-def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-    "Decode rows batched in two matmuls; prefill chunks per sequence. q: [1, N, Hq, D]."
+def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                      scale: float | None = None) -> torch.Tensor:
+    "Decode rows batched in two matmuls; prefill chunks per sequence. q: [1, N, Hq, Dk] -> [1, N, Hq, Dv]."
     groups = batch.decode_rows
-    if groups is None: return reference_attention(q, k_pages, v_pages, batch)
+    if groups is None: return reference_attention(q, k_pages, v_pages, batch, scale)
     if groups[0].token_index is None:  # decode-only tick, one group
-        return _decode_rows_attention(q[0], k_pages, v_pages, groups[0])[None]
-    out = torch.empty_like(q)
+        return _decode_rows_attention(q[0], k_pages, v_pages, groups[0], scale)[None]
+    out = _output(q, v_pages)
     for rows in groups:
-        out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows)
-    return prefill_chunks_attention(q, k_pages, v_pages, batch, out)
+        out[0, rows.token_index] = _decode_rows_attention(q[0, rows.token_index], k_pages, v_pages, rows, scale)
+    return prefill_chunks_attention(q, k_pages, v_pages, batch, out, scale)
 
 
 def prefill_chunks_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
-                             out: torch.Tensor) -> torch.Tensor:
-    "Causal SDPA for each sequence with more than one new token, written into out. q, out: [1, N, Hq, D]."
+                             out: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    "Causal SDPA for each sequence with more than one new token, written into out: [1, N, Hq, Dv]. q: [1, N, Hq, Dk]."
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]
-        k = _gather_pages(k_pages, batch.page_tables[i], ctx)[None]
-        v = _gather_pages(v_pages, batch.page_tables[i], ctx)[None]
-        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v)
+        k, v = _sequence_kv(k_pages, v_pages, batch.page_tables[i], ctx)
+        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v, scale)
     return out
 
 
 class ReferenceAttention(AttentionBackend):
     "Per sequence: gather its pages, then causal SDPA. Slow and obviously right: the oracle of every other backend."
     name = "PyTorch reference"
-    def __call__(self, q, k_pages, v_pages, batch): return reference_attention(q, k_pages, v_pages, batch)
+    def __call__(self, q, k_pages, v_pages, batch, scale=None): return reference_attention(q, k_pages, v_pages, batch, scale)
 
 
 class BatchedAttention(AttentionBackend):
     "Decode rows in two batched matmuls, prefill chunks per sequence: PyTorch's fast path on any device."
     name = "PyTorch"
-    def __call__(self, q, k_pages, v_pages, batch): return batched_attention(q, k_pages, v_pages, batch)
+    def __call__(self, q, k_pages, v_pages, batch, scale=None): return batched_attention(q, k_pages, v_pages, batch, scale)
 
 
 REFERENCE = Implementation("attention", "reference", lambda **_: ReferenceAttention(), -10, ReferenceAttention.name)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'load_gguf_tensors']
 
 # %% ../../nbs/04_weights.ipynb #51138304
 import mmap
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import ModelConfig
+from ..config import ModelConfig, MoEConfig, YarnScaling
 
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -104,7 +104,11 @@ GGUF_LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj"
                     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
                     "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
-                    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+                    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+                    # experts (qwen3moe): the router, and each expert kind as one 3-D tensor [experts, rows, cols]
+                    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_exps",
+                    "ffn_up_exps": "mlp.experts.up_exps", "ffn_down_exps": "mlp.experts.down_proj"}
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}  # llama.cpp's name -> ours
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -112,8 +116,9 @@ def hf_tensor_name(gguf_name: str) -> str:
     if gguf_name in GGUF_GLOBAL_NAMES: return GGUF_GLOBAL_NAMES[gguf_name]
     blk, layer, part, kind = gguf_name.split(".")
     if blk != "blk" or part not in GGUF_LAYER_NAMES:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Qwen3/Llama model")
-    return f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}"
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {'/'.join(GGUF_ARCHITECTURES)} model")
+    name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}"
+    return name if part.endswith("_exps") else f"{name}.{kind}"  # the stacked experts are parameters, not Linears
 
 
 def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -122,37 +127,65 @@ def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 # %% ../../nbs/04_weights.ipynb #a34351c5
+def _moe_from_gguf(get, num_layers: int, names: set[str]) -> MoEConfig | None:
+    "The experts of a qwen3moe file: every layer with an `ffn_gate_inp` router has them."
+    if not get("expert_count"): return None
+    layers = tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in names)
+    return MoEConfig(get("expert_count"), get("expert_used_count"), get("expert_feed_forward_length"), layers,
+                     norm_topk_prob=bool(get("expert_weights_norm", True)))
+
+
+def _rope_scaling_from_gguf(get) -> YarnScaling | None:
+    "YaRN from `rope.scaling.*` metadata (Qwen3's long-context setting); any other stretch is refused, never ignored."
+    kind = get("rope.scaling.type")
+    if kind in (None, "none") or get("rope.scaling.factor", 1.0) == 1.0: return None
+    if kind != "yarn":
+        raise ValueError(f"this GGUF stretches RoPE by {kind!r} scaling, which Helios does not read from GGUF; "
+                         "load the model's Hugging Face folder instead")
+    return YarnScaling(float(get("rope.scaling.factor")), int(get("rope.scaling.original_context_length")),
+                       float(get("rope.scaling.yarn_beta_fast", 32.0)), float(get("rope.scaling.yarn_beta_slow", 1.0)))
+
+
 def config_from_gguf(reader: GGUFFile) -> ModelConfig:
-    "A `ModelConfig` from GGUF metadata (architectures llama and qwen3)."
+    "A `ModelConfig` from GGUF metadata (architectures llama, qwen3 and qwen3moe)."
     arch = gguf_field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
     get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default)
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise ValueError("this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does not "
                          "read yet; load the model's Hugging Face folder instead")
-    hidden, num_heads = get("embedding_length"), get("attention.head_count")
+    hidden, num_heads, num_layers = get("embedding_length"), get("attention.head_count"), get("block_count")
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    moe = _moe_from_gguf(get, num_layers, names)
     return ModelConfig(
-        architecture=arch, vocab_size=get("vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens")),
-        hidden_size=hidden, intermediate_size=get("feed_forward_length"), num_layers=get("block_count"),
+        architecture=GGUF_ARCHITECTURES[arch], vocab_size=get("vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens")),
+        hidden_size=hidden, intermediate_size=get("feed_forward_length") or 0, num_layers=num_layers,
         num_heads=num_heads, num_kv_heads=get("attention.head_count_kv", num_heads),
         head_dim=get("attention.key_length", hidden // num_heads),
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(get),
         max_position_embeddings=get("context_length", 4096),
-        tie_word_embeddings="output.weight" not in names, qk_norm=arch == "qwen3",
+        tie_word_embeddings="output.weight" not in names, qk_norm=arch in ("qwen3", "qwen3moe"),
         attention_bias="blk.0.attn_q.bias" in names,
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,))
+        eos_token_ids=() if eos is None else (eos,), moe=moe)
 
 
-def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    "Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart)."
+def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                      keep_float32: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),
+    cast to dtype (names ending in keep_float32: float32)."""
     tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
         w = dequantize_tensor(t)
         if cfg.architecture == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
-        tensors[hf_tensor_name(t.name)] = torch.from_numpy(w).to(device, dtype)
+        name = hf_tensor_name(t.name)
+        tensors[name] = torch.from_numpy(w).to(device, torch.float32 if keep_float32 and name.endswith(keep_float32) else dtype)
+    for gate in [name for name in tensors if name.endswith(".experts.gate_exps")]:  # [E, I, H] twice -> [E, 2I, H]
+        prefix = gate.removesuffix("gate_exps")
+        tensors[prefix + "gate_up_proj"] = torch.cat([tensors.pop(gate), tensors.pop(prefix + "up_exps")], dim=1)
     return tensors

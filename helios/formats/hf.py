@@ -53,8 +53,9 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    "Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device."
+def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device,
+                     keep_float32: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    "Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in keep_float32: float32)."
     files = _safetensors_files(folder)
     tensors = {}
     with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
@@ -62,6 +63,7 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) -> 
             with safe_open(file, framework="pt", device="cpu") as f:
                 for name in f.keys():
                     if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
-                    tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                    kept = torch.float32 if name.endswith(keep_float32) and keep_float32 else dtype
+                    tensors[name] = f.get_tensor(name).to(device=device, dtype=kept)
                     bar.update()
     return tensors

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_KERNELS', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'CKernels', 'c_kernels']
+__all__ = ['C_KERNELS', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'CKernels', 'c_kernels']
 
 # %% ../../nbs/92_kernels.ipynb #k92017aa
 import ctypes
@@ -24,6 +24,12 @@ from ..kv.batch import PagedBatch
 _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 
+def check_default_scale(scale: float | None, head_dim: int):
+    "The kernels scale scores by 1/sqrt(head_dim); any other scale is refused rather than ignored."
+    if scale is not None and abs(scale - head_dim ** -0.5) > 1e-12 * head_dim ** -0.5:
+        raise ValueError(f"the C attention scales by 1/sqrt({head_dim}), not {scale}")
+
+
 class DecodeAttention:
     "The library's `paged_decode_attention`: every packed token is one row, which reads its pages in place."
     def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int]):
@@ -32,8 +38,10 @@ class DecodeAttention:
                                   _i64, _f32, _int, restype=_int)
         self._batch = self._rows = None  # the tick whose rows were last laid out, and its rows
 
-    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-        "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                 scale: float | None = None) -> torch.Tensor:
+        "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]; the scale is 1/sqrt(D)."
+        check_default_scale(scale, q.shape[-1])
         return self.decode(q[0], k_pages, v_pages, *self.token_rows(batch))[None]
 
     def token_rows(self, batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +114,8 @@ class LayerOps:
 
     def can_run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
         "Fused projections, and contiguous activations in a tick the C functions can read (tick_fits)."
-        return (hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj") and x.is_contiguous()
+        return (hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj") and hasattr(layer.mlp, "down_proj")
+                and x.is_contiguous()
                 and self.tick_fits(x, cos, sin, kv))
 
     def tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
@@ -156,7 +165,8 @@ class DecoderLayers:
 
     def _layer_weights(self, layer: nn.Module) -> LayerWeights | None:
         attn, mlp, (num_heads, num_kv_heads, head_dim) = layer.self_attn, layer.mlp, self.shape
-        qkv, o, gate_up, down = getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj
+        qkv, o, gate_up, down = (getattr(attn, "qkv_proj", None), getattr(attn, "o_proj", None),
+                                 getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))  # experts: none
         if not all(isinstance(p, CHalfLinear) and p._matmul is qkv._matmul for p in (qkv, o, gate_up, down)): return None
         norms = [layer.input_layernorm, layer.post_attention_layernorm] + ([attn.q_norm, attn.k_norm] if attn.qk_norm else [])
         floats = [n.weight for n in norms] + ([qkv.bias] if qkv.bias is not None else [])
@@ -236,9 +246,10 @@ class CKernels(AttentionBackend):
         self.ops = LayerOps(lib, self.shape)
         self.layers = DecoderLayers(lib, self.shape, self.attention, self.ops) if one_call_layers else None
 
-    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
+                 scale: float | None = None) -> torch.Tensor:
         "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
-        return self.attention(q, k_pages, v_pages, batch)
+        return self.attention(q, k_pages, v_pages, batch, scale)
 
     def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
                lens: torch.Tensor) -> torch.Tensor:
@@ -264,6 +275,8 @@ def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device) -> CKernels:
     "The C kernels built for this model's attention shape; NotApplicable off the CPU or for other K/V dtypes."
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
     if kv_dtype != torch.float32: raise NotApplicable(f"the C kernels read float32 K/V pages, not {kv_dtype}")
+    if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):
+        raise NotApplicable(f"the C kernels read K and V per KV head; this model caches {cfg.kv_layout}")
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
     return load_built(lambda rebuild: build_kernels(*shape, rebuild=rebuild),
                       lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads))

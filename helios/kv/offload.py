@@ -39,12 +39,18 @@ def pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 class HostKVPool:
-    """K and V pages in host memory, page-major: two [num_pages, L, page_size, Hkv, D] tensors, so one page is one
-    contiguous block (pinned next to a GPU, which lets copies run asynchronously)."""
+    """K and V pages in host memory, page-major and laid out as the device pool: [num_pages, L, page_size, H, D]
+    tensors (v None when the values live in the keys), so one page is one contiguous block (pinned next to a GPU,
+    which lets copies run asynchronously)."""
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, pin: bool):
-        shape = (num_pages, cfg.num_layers, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k, self.v = (pinned_zeros(shape, dtype) if pin else torch.zeros(shape, dtype=dtype) for _ in range(2))
+        layout = cfg.kv_layout
+        zeros = (lambda *shape: pinned_zeros(shape, dtype)) if pin else (lambda *shape: torch.zeros(shape, dtype=dtype))
+        self.k = zeros(num_pages, cfg.num_layers, page_size, layout.num_heads, layout.k_dim)
+        self.v = None if layout.v_in_k else zeros(num_pages, cfg.num_layers, page_size, layout.num_heads, layout.v_dim)
         self.num_pages, self.page_size = num_pages, page_size
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.k,) if self.v is None else (self.k, self.v)
 
 
 class KVPageCopier:
@@ -52,7 +58,7 @@ class KVPageCopier:
     run on a stream of their own, which the forward's stream waits for before it touches the pool again."""
     def __init__(self, device_kv: KVPool, host_kv: HostKVPool):
         self.device_kv, self.host_kv = device_kv, host_kv
-        self.page_bytes = 2 * device_kv.k[:, 0].numel() * device_kv.k.element_size()  # K and V of one page, all layers
+        self.page_bytes = sum(t[:, 0].numel() * t.element_size() for t in device_kv.tensors())  # one page, all layers
         self.stream = torch.cuda.Stream(device_kv.k.device) if device_kv.k.is_cuda else None
         self.bytes_to_host = self.bytes_to_device = 0
         self.seconds = 0.0  # on the engine thread: the copies themselves on CPU, issuing them on CUDA
@@ -102,8 +108,8 @@ class KVPageCopier:
             main.wait_stream(self.stream)
 
     def _pairs(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        "(device pool, host pool) for K, then V."
-        return (self.device_kv.k, self.host_kv.k), (self.device_kv.v, self.host_kv.v)
+        "(device pool, host pool) for K, then V (when the layout keeps V apart)."
+        return tuple(zip(self.device_kv.tensors(), self.host_kv.tensors()))
 
     def _count(self, started: float, to_host: int = 0, to_device: int = 0):
         self.bytes_to_host += to_host * self.page_bytes

@@ -13,17 +13,26 @@ import torch
 from ..config import ModelConfig
 
 class KVPool:
-    "K and V pages for every layer: two [L, num_pages, page_size, Hkv, D] tensors."
+    "K and V pages for every layer, laid out as the model's kv_layout: k [L, P, page_size, H, Dk], v likewise or None."
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str):
-        shape = (cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_pages, self.page_size = num_pages, page_size
+        layout = cfg.kv_layout
+        self.k = torch.zeros(cfg.num_layers, num_pages, page_size, layout.num_heads, layout.k_dim, dtype=dtype, device=device)
+        self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, num_pages, page_size, layout.num_heads,
+                                                        layout.v_dim, dtype=dtype, device=device)
+        self.num_pages, self.page_size, self.v_dim = num_pages, page_size, layout.v_dim
 
-    def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        "Store k/v: [N, Hkv, D] at slots: [N]."
+    def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None):
+        "Store k: [N, H, Dk] (and v: [N, H, Dv] unless the values live in the keys) at slots: [N]."
         self.k[layer_idx].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-        self.v[layer_idx].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+        if self.v is not None: self.v[layer_idx].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+
+    def values(self, layer_idx: int) -> torch.Tensor:
+        "One layer's value pages: [P, page_size, H, Dv] (a view of the keys' first Dv channels when v is None)."
+        return self.v[layer_idx] if self.v is not None else self.k[layer_idx, ..., :self.v_dim]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        "The tensors that hold the pages (what a copy to the host tier must move)."
+        return (self.k,) if self.v is None else (self.k, self.v)
 
 
 def page_bytes(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
@@ -45,6 +54,6 @@ def describe_budget(cfg: ModelConfig, num_pages: int, page_size: int, dtype: tor
     pb = page_bytes(cfg, page_size, dtype)
     longest = min(num_pages * page_size, cfg.max_position_embeddings)
     return (f"weights {weight_bytes / 2**20:,.0f} MiB; KV pool {num_pages * pb / 2**20:,.0f} MiB = {num_pages} pages "
-            f"x {page_size} tokens x {pb / 2**20:.2f} MiB ({str(dtype).removeprefix('torch.')}); "
-            f"holds {num_pages * page_size:,} tokens; longest request {longest:,} tokens "
+            f"x {page_size} tokens x {pb / 2**20:.2f} MiB ({str(dtype).removeprefix('torch.')}, "
+            f"{pb // page_size:,} B/token); holds {num_pages * page_size:,} tokens; longest request {longest:,} tokens "
             f"(model context {cfg.max_position_embeddings:,})")

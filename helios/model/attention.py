@@ -8,22 +8,30 @@ Docs: https://helios-engine.github.io/helios/attention.html.md"""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig, RopeScaling
+from ..config import ModelConfig, RopeScaling, YarnScaling
 from .layers import RMSNorm
 
 # %% auto #0
-__all__ = ['rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'causal_mask', 'sdpa_attention', 'Attention']
+__all__ = ['rope_inv_freq', 'rope_attention_factor', 'rope_cos_sin', 'apply_rope', 'causal_mask', 'sdpa_attention', 'Attention',
+           'SequenceContext']
 
 # %% ../../nbs/02_attention.ipynb #5631b121
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | YarnScaling | None = None) -> torch.Tensor:
     "Per-pair rotation frequencies, [head_dim // 2], float32."
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if isinstance(scaling, YarnScaling): return _yarn_scale(inv_freq, scaling, head_dim, theta)
     return inv_freq if scaling is None else _llama3_scale(inv_freq, scaling)
+
+
+def rope_attention_factor(scaling: RopeScaling | YarnScaling | None) -> float:
+    "What cos and sin are multiplied by: YaRN's magnitude correction, else 1."
+    return scaling.cos_sin_factor if isinstance(scaling, YarnScaling) else 1.0
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -36,11 +44,24 @@ def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(is_medium, blended, scaled)
 
+
+def _yarn_scale(inv_freq: torch.Tensor, s: YarnScaling, head_dim: int, theta: float) -> torch.Tensor:
+    "Pairs that turn more than beta_fast times in the original context keep their frequency, fewer than beta_slow are divided by factor."
+    def pair_turning(turns: float) -> float:  # the (fractional) pair index that turns `turns` times in the context
+        return head_dim * math.log(s.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = pair_turning(s.beta_fast), pair_turning(s.beta_slow)
+    if s.truncate: low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    span = high - low if high != low else 1e-3  # (a range given backwards stays backwards, as YaRN defines it)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / span).clamp(0, 1)
+    return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)  # ramp 0: keep (extrapolate), 1: interpolate
+
 # %% ../../nbs/02_attention.ipynb #21f89228
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "cos and sin of each position's angles: positions [B, T] -> two [B, T, 1, D/2] (float32)."
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    "cos and sin of each position's angles, times factor: positions [B, T] -> two [B, T, 1, D/2] (float32)."
     angles = positions[..., None].float() * inv_freq  # [B, T, D/2]
-    return angles.cos()[..., None, :], angles.sin()[..., None, :]
+    if factor == 1.0: return angles.cos()[..., None, :], angles.sin()[..., None, :]
+    return (angles.cos() * factor)[..., None, :], (angles.sin() * factor)[..., None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -56,19 +77,30 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
     return torch.arange(num_keys, device=device)[None, :] <= q_pos
 
 # %% ../../nbs/02_attention.ipynb #763f3b9e
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    "Causal GQA attention. q: [B, T, Hq, D], k/v: [B, S, Hkv, D] with S >= T -> [B, T, Hq, D]."
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    "Causal GQA attention. q: [B, T, Hq, D], k: [B, S, Hkv, D], v: [B, S, Hkv, Dv] with S >= T -> [B, T, Hq, Dv]."
+    if k.shape[2] == 1 and q.shape[2] > 1: return _one_kv_head_attention(q, k, v, scale)
     num_queries, num_keys = q.shape[1], k.shape[1]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D]
     gqa = q.shape[1] != k.shape[1]
     if num_queries == 1:
-        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, scale=scale)
     elif num_queries == num_keys:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
     else:
         mask = causal_mask(num_queries, num_keys, device=q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    return out.transpose(1, 2)  # [B, T, Hq, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
+    return out.transpose(1, 2)  # [B, T, Hq, Dv]
+
+
+def _one_kv_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Every query head reads the one KV head (MQA, and latent attention's absorbed form): the heads become more
+    queries of one head, so the keys are read once instead of copied per head. q: [B, T, H, D] -> [B, T, H, Dv]."""
+    B, T, H, _ = q.shape
+    queries = q.reshape(B, 1, T * H, q.shape[-1])                                 # row t * H + h
+    mask = None if T == 1 else causal_mask(T, k.shape[1], device=q.device).repeat_interleave(H, dim=0)
+    out = F.scaled_dot_product_attention(queries, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
+    return out.reshape(B, T, H, v.shape[-1])
 
 # %% ../../nbs/02_attention.ipynb #8c30cbe9
 class Attention(nn.Module):
@@ -101,3 +133,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = sdpa_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+# %% ../../nbs/02_attention.ipynb #5e2c7633
+class SequenceContext(NamedTuple):
+    "One sequence of a forward, as `kv.contexts` returns it: its queries are q[row, start:start + length]."
+    row: int
+    start: int
+    length: int          # new tokens in this forward (the last `length` of the context)
+    keys: torch.Tensor   # [context, Hkv, Dk] every key the sequence has, its new ones included
+    values: torch.Tensor # [context, Hkv, Dv] (with values kept inside the keys: a view of their first Dv channels)

@@ -7,26 +7,29 @@ Docs: https://helios-engine.github.io/helios/model.html.md"""
 # %% ../../nbs/03_model.ipynb #b811d22e
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .attention import Attention, rope_cos_sin, rope_inv_freq
+from .attention import Attention, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from .layers import LMHead, RMSNorm, SwiGLUMLP
 
 # %% auto #0
-__all__ = ['STACKED_PROJECTIONS', 'DecoderLayer', 'call_layer', 'DecoderStack', 'CausalLM', 'stack_projections',
+__all__ = ['LayerFactory', 'STACKED_PROJECTIONS', 'DecoderLayer', 'call_layer', 'DecoderStack', 'CausalLM', 'stack_projections',
            'model_from_state_dict']
 
 # %% ../../nbs/03_model.ipynb #18c4d054
 class DecoderLayer(nn.Module):
-    "Pre-norm attention block and pre-norm SwiGLU block, each with a residual."
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    """Pre-norm attention block and pre-norm MLP block, each with a residual. The attention and the MLP are
+    chapter 02's and 01's unless given (experts in chapter 03a, latent attention in 03b)."""
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attention: nn.Module | None = None, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = attention if attention is not None else Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp if mlp is not None else SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,6 +37,9 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)  # every token: its K/V go to kv
         if rows is not None: x = x[:, rows]                             # only these tokens go on
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+LayerFactory = Callable[[ModelConfig, int], DecoderLayer]  # (config, layer index) -> that layer
 
 
 def call_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
@@ -44,22 +50,23 @@ def call_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: tor
 # %% ../../nbs/03_model.ipynb #ad07c26e
 class DecoderStack(nn.Module):
     "Embeddings, the decoder layers and the final norm."
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, make_layer: LayerFactory = DecoderLayer):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(make_layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    "A Qwen3 or Llama causal language model, driven by its `ModelConfig`."
-    def __init__(self, cfg: ModelConfig):
+    "A causal language model driven by its `ModelConfig`; `make_layer` builds each layer (default: Qwen3 / Llama)."
+    def __init__(self, cfg: ModelConfig, make_layer: LayerFactory = DecoderLayer):
         super().__init__()
         self.config = cfg
-        self.model = DecoderStack(cfg)
+        self.model = DecoderStack(cfg, make_layer)
         self.lm_head = LMHead(self.model.embed_tokens, tied=cfg.tie_word_embeddings)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
                              persistent=False)
+        self.rope_factor = rope_attention_factor(cfg.rope_scaling)  # YaRN scales cos and sin; 1 otherwise
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
                       rows: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
@@ -67,7 +74,7 @@ class CausalLM(nn.Module):
         indices `rows` [N] of T (the last layer computes only those). `run_layer(layer, x, cos, sin, kv, rows)`
         runs each layer (None: `call_layer`, the layer's own forward)."""
         run_layer = run_layer or call_layer
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_factor)
         x = self.model.embed_tokens(input_ids)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
@@ -87,7 +94,7 @@ def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
 
 
 STACKED_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                       "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+                       "gate_up_proj": ("gate_proj", "up_proj")}  # every SwiGLU: the MLP, and each expert (03a)
 
 
 def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -97,7 +104,7 @@ def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Te
         for stacked, parts in STACKED_PROJECTIONS.items():
             first = f".{parts[0]}."
             if first not in name: continue
-            prefix, suffix = name.split(first)                  # "model.layers.3", "weight"
+            prefix, suffix = name.split(first)                  # "model.layers.3.mlp", "weight"
             names = [f"{prefix}.{part}.{suffix}" for part in parts]
             missing = [n for n in names if n not in out]
             if missing: raise RuntimeError(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))} "
@@ -106,10 +113,11 @@ def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def model_from_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> CausalLM:
+def model_from_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
+                          make_layer: LayerFactory = DecoderLayer) -> CausalLM:
     "A `CausalLM` that adopts the given tensors (their dtype and device) without initialising."
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, make_layer)
     if cfg.tie_word_embeddings: model.lm_head.weight = None  # not a tensor of its own: re-tied below
     model.load_state_dict(stack_projections(_dropped_tied_head(cfg, state_dict)), strict=True, assign=True)
     if cfg.tie_word_embeddings: model.lm_head.weight = model.model.embed_tokens.weight

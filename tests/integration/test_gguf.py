@@ -1,4 +1,7 @@
-"""GGUF loading: every supported quantization type, both architectures, and the real SmolLM2 file."""
+"""GGUF loading: every supported quantization type, the llama, qwen3 and qwen3moe architectures, and the real
+SmolLM2 file."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -145,3 +148,38 @@ def test_smollm2_tokenizer_matches_transformers(smollm2, smollm2_gguf):
                  "<|im_start|>user\nHi there<|im_end|>\n", "def f(x):\n    return x * x\n\n\n", "  spaced   out  "]:
         assert smollm2.tokenizer.encode(text) == ref.encode(text), text
     assert smollm2.tokenizer.encode("1234") == [smollm2.tokenizer.encode(d)[0] for d in "1234"]
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_gguf(tmp_path_factory):
+    "A tiny Qwen3-MoE written as llama.cpp's qwen3moe: every layer with 8 experts, each kind a 3-D quantized tensor."
+    from conftest import save_family
+    d = tmp_path_factory.mktemp("gguf_qwen3moe")
+    hf = save_family("qwen3_moe", d / "hf", vocab_size=512, hidden_size=256, intermediate_size=512, head_dim=64,
+                     moe_intermediate_size=256, mlp_only_layers=[], initializer_range=0.05)
+    return hf, write_gguf(hf, d / "tiny.gguf", "qwen3moe")
+
+
+@torch.no_grad()
+def test_qwen3moe_gguf_round_trip(tiny_moe_gguf):
+    """The file's config is the checkpoint's, its experts are 3-D tensors, and our model gives transformers' logits
+    when transformers' Qwen3-MoE runs the very weights the file holds (dequantized)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from helios.config import load_hf_config
+    from helios.formats.gguf import config_from_gguf, load_gguf_tensors
+    hf, path = tiny_moe_gguf
+    reader = GGUFFile(path)
+    assert {len(t.shape) for t in reader.tensors if "_exps" in t.name} == {3}
+    cfg = config_from_gguf(reader)
+    expected_cfg = load_hf_config(hf)  # experts, their width and normalisation, every layer sparse
+    assert cfg.rms_norm_eps == pytest.approx(expected_cfg.rms_norm_eps)  # GGUF keeps it as a float32
+    assert dataclasses.replace(cfg, rms_norm_eps=expected_cfg.rms_norm_eps) == expected_cfg
+    ours = load_model(path, dtype="float32", device="cpu").model
+    ref = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32).eval()
+    ref.load_state_dict(load_gguf_tensors(reader, cfg, torch.float32, torch.device("cpu")), strict=True)
+    ids = torch.randint(0, 512, (1, 30), generator=torch.Generator().manual_seed(0))
+    expected = ref(ids).logits
+    assert (ours(ids, torch.arange(30)[None]) - expected).abs().max() < 1e-3 and expected.std() > 0.5
+    assert generate(ours, ids[0, :9].tolist(), 16) == ref.generate(
+        ids[:, :9], attention_mask=torch.ones_like(ids[:, :9]), max_new_tokens=16, do_sample=False,
+        eos_token_id=None, pad_token_id=0)[0, 9:].tolist()

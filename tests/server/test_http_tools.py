@@ -121,6 +121,18 @@ def test_tokenize_renders_no_tools_under_tool_choice_none(server):
     assert counted["count"] == chat.usage.prompt_tokens
 
 
+def test_enable_thinking_false_through_chat_template_kwargs(server):
+    "As vLLM takes it: `chat_template_kwargs` in the body (extra_body for the openai client) reaches the template."
+    c = server.client()
+    ask = lambda **extra: c.chat.completions.create(model="tiny", messages=ASK, max_tokens=1, temperature=0, **extra)
+    think, no_think = ask(), ask(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    counted = httpx.post(server.url + "/tokenize", headers=server.headers,
+                         json={"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert no_think.usage.prompt_tokens == counted["count"] > think.usage.prompt_tokens  # + the empty think block
+    rendered = httpx.post(server.url + "/detokenize", headers=server.headers, json={"tokens": counted["tokens"]}).json()
+    assert rendered["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 @pytest.fixture(scope="module")
 def thinking_server(tiny_tools_folder, tmp_path_factory):
     "The tools checkpoint with a template whose generation prompt opens a think block (as thinking-only models do)."
