@@ -125,4 +125,6 @@ def sdpa_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
 class SdpaDecodeAttention(AttentionBackend):
     "sdpa_decode_attention as a backend, for an engine to compare with."
     name = "SDPA over whole pages"
-    def __call__(self, q, k_pages, v_pages, batch): return sdpa_decode_attention(q, k_pages, v_pages, batch)
+    def __call__(self, q, k_pages, v_pages, batch, scale=None):
+        if scale is not None: raise ValueError("SDPA over whole pages scales by 1/sqrt(head_dim) only")
+        return sdpa_decode_attention(q, k_pages, v_pages, batch)

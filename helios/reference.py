@@ -29,15 +29,16 @@ class KVCache:
         self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, batch_size, max_len, layout.num_heads,
                                                         layout.v_dim, dtype=dtype, device=device)  # [L, B, max_len, Hkv, Dv]
         self.v_dim, self.max_len, self.length = layout.v_dim, max_len, 0
+        self.new_tokens = 0  # tokens the running forward has stored after `length` (until advance)
 
-    def _store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None) -> int:
+    def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None):
         "k: [B, T, Hkv, Dk] (and v: [B, T, Hkv, Dv], or None when values live in the keys) after the cached tokens."
         start, end = self.length, self.length + k.shape[1]
         if end > self.max_len:
             raise ValueError(f"sequence of {end} tokens does not fit the cache of {self.max_len}")
         self.k[layer_idx, :, start:end] = k
         if self.v is not None: self.v[layer_idx, :, start:end] = v
-        return end
+        self.new_tokens = k.shape[1]
 
     def _values(self, layer_idx: int, end: int) -> torch.Tensor:
         return self.v[layer_idx, :, :end] if self.v is not None else self.k[layer_idx, :, :end, :, :self.v_dim]
@@ -45,21 +46,30 @@ class KVCache:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
                scale: float | None = None) -> torch.Tensor:
         "Store the new k/v; attend q: [B, T, Hq, Dk] over every cached token -> [B, T, Hq, Dv]."
-        end = self._store(layer_idx, k, v)
-        return sdpa_attention(q, self.k[layer_idx, :, :end], self._values(layer_idx, end), scale)
+        self.store(layer_idx, k, v)
+        return self.attend_stored(layer_idx, q, list(range(self.k.shape[1])), scale)
+
+    def attend_stored(self, layer_idx: int, q: torch.Tensor, seqs: list[int], scale: float | None = None) -> torch.Tensor:
+        "The listed rows' queries, q: [len(seqs), T, Hq, Dk], over what they have stored -> [len(seqs), T, Hq, Dv]."
+        end = self.length + self.new_tokens
+        return sdpa_attention(q, self.k[layer_idx, seqs, :end], self._values(layer_idx, end)[seqs], scale)
 
     def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
         "(new tokens, context after them) of each row, for a forward of num_tokens tokens per row."
         return [(num_tokens, self.length + num_tokens)] * self.k.shape[1]
 
-    def contexts(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> list[SequenceContext]:
-        "Store the new k/v, then each row's whole context."
-        end = self._store(layer_idx, k, v)
+    def contexts(self, layer_idx: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                 seqs: list[int] | None = None) -> list[SequenceContext]:
+        "Store the new k/v (unless k is None: stored already), then each listed row's whole context."
+        if k is not None: self.store(layer_idx, k, v)
+        end = self.length + self.new_tokens
         values = self._values(layer_idx, end)
-        return [SequenceContext(b, 0, k.shape[1], self.k[layer_idx, b, :end], values[b]) for b in range(k.shape[0])]
+        rows = range(self.k.shape[1]) if seqs is None else seqs
+        return [SequenceContext(b, 0, self.new_tokens, self.k[layer_idx, b, :end], values[b]) for b in rows]
 
     def advance(self, num_tokens: int):
         self.length += num_tokens
+        self.new_tokens = 0
 
 # %% ../nbs/06_kv_cache.ipynb #14bb058f
 @torch.inference_mode()

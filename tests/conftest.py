@@ -65,6 +65,15 @@ def save_family(name: str, folder: Path, **overrides) -> Path:
     return folder
 
 
+def transformers_greedy(model, prompt: list[int], steps: int, pad_token_id: int = 0) -> list[int]:
+    "The `steps` tokens transformers' greedy generate gives after prompt (no EOS; an explicit all-ones mask)."
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False,
+                             eos_token_id=None, pad_token_id=pad_token_id)
+    return out[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="session", params=["qwen3_tied", "qwen3_untied", "llama"])
 def tiny_checkpoint(request, tmp_path_factory) -> Path:
     return save_tiny(request.param, tmp_path_factory.mktemp(request.param))

@@ -48,23 +48,37 @@ class PagedKV:
     def __init__(self, pool: KVPool, batch: PagedBatch, backend: AttentionBackend, timer: Timer | None = None):
         self.pool, self.batch, self.backend, self.timer = pool, batch, backend, timer
 
+    def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None):
+        "Write the tick's new k: [1, N, Hkv, Dk] and v: [1, N, Hkv, Dv] (None: the values live in the keys)."
+        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], None if v is None else v[0])
+
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
                scale: float | None = None) -> torch.Tensor:
         "q: [1, N, Hq, Dk], k: [1, N, Hkv, Dk], v: [1, N, Hkv, Dv] or None (values in the keys) -> [1, N, Hq, Dv]."
-        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], None if v is None else v[0])
-        k_pages, v_pages = self.pool.k[layer_idx], self.pool.values(layer_idx)
-        if self.timer is None: return self.backend(q, k_pages, v_pages, self.batch, scale)
-        with self.timer("attention"): return self.backend(q, k_pages, v_pages, self.batch, scale)
+        self.store(layer_idx, k, v)
+        return self._attend(layer_idx, q, self.batch, scale)
+
+    def attend_stored(self, layer_idx: int, q: torch.Tensor, seqs: list[int], scale: float | None = None) -> torch.Tensor:
+        "The listed sequences' queries, q: [1, M, Hq, Dk] (their tokens, in order), over what is stored -> [1, M, Hq, Dv]."
+        return self._attend(layer_idx, q, self.batch.subset(seqs), scale)
+
+    def _attend(self, layer_idx: int, q: torch.Tensor, batch: PagedBatch, scale: float | None) -> torch.Tensor:
+        "The backend's call; the scale is passed only when it is not the default (a backend need not take one)."
+        args = (q, self.pool.k[layer_idx], self.pool.values(layer_idx), batch) + (() if scale is None else (scale,))
+        if self.timer is None: return self.backend(*args)
+        with self.timer("attention"): return self.backend(*args)
 
     def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
         "(new tokens, context after them) of each sequence of the tick (num_tokens: the packed total, unused)."
         return list(zip(self.batch.query_lens, self.batch.context_lens))
 
-    def contexts(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> list[SequenceContext]:
-        "Store the new k/v like attend, then each sequence's whole context, gathered from its pages."
-        self.pool.write(layer_idx, self.batch.slot_mapping, k[0], None if v is None else v[0])
-        return [self._context(layer_idx, i, start, n, ctx) for i, (start, n, ctx)
-                in enumerate(zip(self.batch.query_starts, self.batch.query_lens, self.batch.context_lens))]
+    def contexts(self, layer_idx: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                 seqs: list[int] | None = None) -> list[SequenceContext]:
+        "Store the new k/v like attend (unless k is None: stored already), then each listed sequence's whole context."
+        if k is not None: self.store(layer_idx, k, v)
+        b = self.batch
+        return [self._context(layer_idx, i, b.query_starts[i], b.query_lens[i], b.context_lens[i])
+                for i in (range(b.num_seqs) if seqs is None else seqs)]
 
     def _context(self, layer_idx: int, i: int, start: int, n: int, ctx: int) -> SequenceContext:
         keys = gather_pages(self.pool.k[layer_idx], self.batch.page_tables[i], ctx)   # [ctx, Hkv, Dk]

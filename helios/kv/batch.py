@@ -36,6 +36,14 @@ class PagedBatch:
         "[B] the packed index of each sequence's last token."
         return torch.tensor([s + n - 1 for s, n in zip(self.query_starts, self.query_lens)])
 
+    def subset(self, seqs: list[int]) -> PagedBatch:
+        "The listed sequences alone, their tokens packed in the same order (for attention that treats them apart)."
+        index = torch.cat([torch.arange(self.query_starts[i], self.query_starts[i] + self.query_lens[i]) for i in seqs])
+        lens = [self.query_lens[i] for i in seqs]
+        index = index.to(self.positions.device)
+        return PagedBatch(self.positions[index], self.slot_mapping[index], self.page_tables[seqs],
+                          [0, *accumulate(lens)][:-1], lens, [self.context_lens[i] for i in seqs], self.page_size)
+
     @cached_property
     def decode_rows(self) -> list[DecodeRows] | None:
         "The rows with one new token, grouped by how many pages they span; built once per tick (None if fewer than two)."

@@ -7,6 +7,7 @@ Docs: https://helios-engine.github.io/helios/mla.html.md"""
 # %% ../../nbs/03b_mla.ipynb #874a7f45
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -131,15 +132,25 @@ class MLAttention(nn.Module):
         return attention(q, latents, self.k_up, self.v_up, self.scale)
 
     def attend_cached(self, q: torch.Tensor, rows: torch.Tensor, kv) -> torch.Tensor:
-        "Through the kv object: one batched call if every sequence is cheaper absorbed, else sequence by sequence."
-        forms = [self.form_for(n, c) for n, c in kv.lengths(q.shape[1])]
+        """Through the kv object: the sequences cheaper absorbed in one batched call (all of them: one `attend`),
+        the ones cheaper expanded each over its own gathered context."""
+        lengths = kv.lengths(q.shape[1])
+        forms = [self.form_for(n, c) for n, c in lengths]
         if all(form == "absorbed" for form in forms):
             weighted = kv.attend(self.layer_idx, absorb_queries(q, self.k_up), rows, scale=self.scale)  # [B, T, H, r]
             return torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
-        out = q.new_zeros(*q.shape[:3], self.v_dim)                                                   # [B, T, H, v]
-        for seq, form in zip(kv.contexts(self.layer_idx, rows), forms):
+        kv.store(self.layer_idx, rows)
+        out = q.new_empty(*q.shape[:3], self.v_dim)                                                   # [B, T, H, v]
+        absorbed = [i for i, form in enumerate(forms) if form == "absorbed"]
+        if absorbed:  # forms differ only within one packed row (B = 1): those sequences' tokens, in order
+            starts = [0, *accumulate(n for n, _ in lengths)]
+            tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in absorbed]).to(q.device)
+            weighted = kv.attend_stored(self.layer_idx, absorb_queries(q[:, tokens], self.k_up), absorbed, self.scale)
+            out[:, tokens] = torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
+        expanded = [i for i, form in enumerate(forms) if form == "expanded"]
+        for seq in kv.contexts(self.layer_idx, seqs=expanded):
             queries = slice(seq.start, seq.start + seq.length)
-            out[seq.row, queries] = self.attend(q[seq.row, queries][None], seq.keys[None], form)[0]
+            out[seq.row, queries] = self.attend(q[seq.row, queries][None], seq.keys[None], "expanded")[0]
         return out
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PEAKED_INIT_RANGE
+from conftest import PEAKED_INIT_RANGE, transformers_greedy
 from helios.attention.base import PagedKV
 from helios.attention.reference import BatchedAttention, ReferenceAttention
 from helios.config import load_hf_config
@@ -94,14 +94,7 @@ class Tiny:
         self.ours, self.plain = helios_model(folder), plain_model(folder)
         self.prompts = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                         for n in PROMPT_LENS]
-        self.expected = [self._hf_greedy(p) for p in self.prompts]
-
-    @torch.no_grad()
-    def _hf_greedy(self, prompt: list[int]) -> list[int]:
-        ids = torch.tensor([prompt])
-        out = self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=STEPS, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
+        self.expected = [transformers_greedy(self.hf, p, STEPS) for p in self.prompts]
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -186,6 +179,10 @@ class CountingKV(PagedKV):
         self.calls.append("contexts")
         return super().contexts(*args, **kwargs)
 
+    def attend_stored(self, *args, **kwargs):
+        self.calls.append("attend_stored")
+        return super().attend_stored(*args, **kwargs)
+
 
 @torch.no_grad()
 def test_a_decode_tick_is_one_attend_call_per_layer(tiny):
@@ -202,6 +199,29 @@ def test_a_decode_tick_is_one_attend_call_per_layer(tiny):
         kv = CountingKV(pool, batch, BatchedAttention())
         model(ids[None], batch.positions[None], kv=kv, logits_at=batch.logits_indices)
         assert kv.calls == [expected] * num_layers
+
+
+@torch.no_grad()
+def test_a_mixed_tick_batches_its_absorbed_sequences(tiny, forms_restored):
+    """A tick that packs a decode with a prefill chunk: the decode goes absorbed through one attend_stored call, the
+    chunk expanded through contexts; each sequence's logits are those of a full recompute."""
+    model, page_size = tiny.ours, 4
+    set_form(model, "auto")
+    pool = KVPool(model.config, 16, page_size, torch.float32, "cpu")
+    tables = torch.arange(16).view(2, 8)
+    a, b = tiny.prompts[1][:7], tiny.prompts[2][:7]
+    first = build_paged_batch(tables[:1], [0], [6], page_size)  # a's first 6 tokens
+    model(torch.tensor(a[:6])[None], first.positions[None], kv=PagedKV(pool, first, BatchedAttention()))
+    mixed = build_paged_batch(tables, [6, 0], [1, 7], page_size)  # a decodes its 7th token, b's prompt arrives
+    forms = [cheaper_form(model.config, n, c) for n, c in zip(mixed.query_lens, mixed.context_lens)]
+    assert forms == ["absorbed", "expanded"]
+    kv = CountingKV(pool, mixed, BatchedAttention())
+    got = model(torch.tensor(a[6:] + b)[None], mixed.positions[None], kv=kv, logits_at=mixed.logits_indices)[0]
+    assert kv.calls == ["attend_stored", "contexts"] * model.config.num_layers
+    set_form(model, "expanded")
+    for row, tokens in enumerate((a, b)):
+        full = model(torch.tensor(tokens)[None], torch.arange(len(tokens))[None])[0, -1]
+        assert (got[row] - full).abs().max() < LOGIT_ATOL["absorbed"]
 
 
 def paged_greedy(model: CausalLM, prompts: list[list[int]], backend, chunk: int = 5, page_size: int = 4) -> list[list[int]]:

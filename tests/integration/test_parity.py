@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from conftest import transformers_greedy
 from helios.reference import generate
 from helios.weights import load_model
 
@@ -31,10 +32,8 @@ def assert_greedy_matches_transformers(ours, folder):
     "32 greedy tokens after 3 random prompts, ours against transformers in float32."
     ref = hf_model(folder)
     for seed in range(3):
-        prompt = torch.randint(0, 512, (1, 7 + 5 * seed), generator=torch.Generator().manual_seed(seed))
-        expected = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert generate(ours, prompt[0].tolist(), 32) == expected[0, prompt.shape[1]:].tolist()
+        prompt = torch.randint(0, 512, (7 + 5 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert generate(ours, prompt, 32) == transformers_greedy(ref, prompt, 32)
 
 
 @torch.no_grad()
