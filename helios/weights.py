@@ -24,8 +24,8 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
            'FLOAT32_TENSORS', 'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint',
-           'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'random_model',
-           'LoadedModel', 'load_model']
+           'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'LoadedModel',
+           'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -152,11 +152,6 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Causal
     if cfg.moe is not None: state_dict = stack_experts(cfg, state_dict)
     return model_from_state_dict(cfg, state_dict, layer_factory(cfg))
 
-
-def random_model(cfg: ModelConfig, seed: int = 0) -> CausalLM:
-    "A randomly initialised model of any architecture (tests and examples)."
-    torch.manual_seed(seed)
-    return CausalLM(cfg, layer_factory(cfg)).eval()
 
 # %% ../nbs/04_weights.ipynb #59cd4ead
 from .formats.gguf import GGUFFile, config_from_gguf, load_gguf_tensors

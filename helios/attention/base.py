@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['Timer', 'AttentionBackend', 'PagedKV', 'gather_pages', 'choose_backend']
+__all__ = ['Timer', 'AttentionBackend', 'PagedKV', 'gather_pages', 'values_in_keys', 'gather_sequence', 'choose_backend']
 
 # %% ../../nbs/08_paged_pool.ipynb #dbd3e3d8
 from abc import ABC, abstractmethod
@@ -81,9 +81,7 @@ class PagedKV:
                 for i in (range(b.num_seqs) if seqs is None else seqs)]
 
     def _context(self, layer_idx: int, i: int, start: int, n: int, ctx: int) -> SequenceContext:
-        keys = gather_pages(self.pool.k[layer_idx], self.batch.page_tables[i], ctx)   # [ctx, Hkv, Dk]
-        values = (keys[..., :self.pool.v_dim] if self.pool.v is None                  # [ctx, Hkv, Dv]
-                  else gather_pages(self.pool.v[layer_idx], self.batch.page_tables[i], ctx))
+        keys, values = gather_sequence(self.pool.k[layer_idx], self.pool.values(layer_idx), self.batch.page_tables[i], ctx)
         return SequenceContext(0, start, n, keys, values)
 
 
@@ -94,6 +92,18 @@ def gather_pages(pages_of_layer: torch.Tensor, page_table: torch.Tensor, length:
     if len(used) == 1 or bool((used.diff() == 1).all()):  # consecutive pages: a view, no copy
         return pages_of_layer[first:first + len(used)].flatten(0, 1)[:length]
     return pages_of_layer[used].flatten(0, 1)[:length]
+
+
+def values_in_keys(k_pages: torch.Tensor, v_pages: torch.Tensor) -> bool:
+    "v_pages is the first channels of k_pages (latent attention's pool): gather the keys once and slice the values."
+    return v_pages.data_ptr() == k_pages.data_ptr() and v_pages.stride() == k_pages.stride()
+
+
+def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor,
+                    length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "One sequence's first `length` keys [length, Hkv, Dk] and values [length, Hkv, Dv] from its pages."
+    k = gather_pages(k_pages, table, length)
+    return k, k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
 
 
 def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto") -> Choice:

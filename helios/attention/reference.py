@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['REFERENCE', 'BATCHED', 'values_in_keys', 'reference_attention', 'batched_attention', 'prefill_chunks_attention', 'ReferenceAttention', 'BatchedAttention']
+__all__ = ['REFERENCE', 'BATCHED', 'reference_attention', 'batched_attention', 'prefill_chunks_attention', 'ReferenceAttention', 'BatchedAttention']
 
 # %% ../../nbs/08_paged_pool.ipynb #8e308740
 import torch
 
-from .base import AttentionBackend, gather_pages
+from .base import AttentionBackend, gather_sequence, values_in_keys
 from ..kv.batch import DecodeRows, PagedBatch
 from ..model.attention import sdpa_attention
 from ..registry import Implementation
@@ -20,25 +20,13 @@ def _output(q: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
     return q.new_empty(*q.shape[:-1], v_pages.shape[-1])
 
 
-def values_in_keys(k_pages: torch.Tensor, v_pages: torch.Tensor) -> bool:
-    "v_pages is the first channels of k_pages (latent attention's pool): gather the keys once and slice the values."
-    return v_pages.data_ptr() == k_pages.data_ptr() and v_pages.stride() == k_pages.stride()
-
-
-def _sequence_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor, length: int):
-    "One sequence's first `length` keys [1, length, Hkv, Dk] and values [1, length, Hkv, Dv] from its pages."
-    k = gather_pages(k_pages, table, length)[None]
-    v = k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)[None]
-    return k, v
-
-
 def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                         scale: float | None = None) -> torch.Tensor:
     "Per sequence: gather its pages, then causal SDPA. q: [1, N, Hq, Dk] -> [1, N, Hq, Dv]."
     out = _output(q, v_pages)
     for i, (start, n, ctx) in enumerate(zip(batch.query_starts, batch.query_lens, batch.context_lens)):
-        k, v = _sequence_kv(k_pages, v_pages, batch.page_tables[i], ctx)  # [1, ctx, Hkv, Dk | Dv]
-        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v, scale)
+        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx)  # [ctx, Hkv, Dk | Dv]
+        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 
 
@@ -90,8 +78,8 @@ def prefill_chunks_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: to
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]
-        k, v = _sequence_kv(k_pages, v_pages, batch.page_tables[i], ctx)
-        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k, v, scale)
+        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx)
+        out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 
 

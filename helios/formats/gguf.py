@@ -184,7 +184,7 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
         name = hf_tensor_name(t.name)
-        tensors[name] = torch.from_numpy(w).to(device, torch.float32 if keep_float32 and name.endswith(keep_float32) else dtype)
+        tensors[name] = torch.from_numpy(w).to(device, torch.float32 if name.endswith(keep_float32) else dtype)
     for gate in [name for name in tensors if name.endswith(".experts.gate_exps")]:  # [E, I, H] twice -> [E, 2I, H]
         prefix = gate.removesuffix("gate_exps")
         tensors[prefix + "gate_up_proj"] = torch.cat([tensors.pop(gate), tensors.pop(prefix + "up_exps")], dim=1)

@@ -63,7 +63,7 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device,
             with safe_open(file, framework="pt", device="cpu") as f:
                 for name in f.keys():
                     if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
-                    kept = torch.float32 if name.endswith(keep_float32) and keep_float32 else dtype
+                    kept = torch.float32 if name.endswith(keep_float32) else dtype
                     tensors[name] = f.get_tensor(name).to(device=device, dtype=kept)
                     bar.update()
     return tensors
