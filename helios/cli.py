@@ -15,7 +15,8 @@ from typing import TextIO
 
 import torch
 
-from .config import KV_RESERVATIONS
+from .config import KV_RESERVATIONS, EngineConfig
+from .distributed.launch import join_as_worker, rank_env
 from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
@@ -62,6 +63,13 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--matmul", choices=(AUTO, *implementation_names("matmul")),
                    help="the projections' matmuls: auto (the best that runs here: float16 weights in C or fbgemm on a CPU) "
                         "or a registered implementation [HELIOS_MATMUL]")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int,
+                   help="ranks that split each layer (heads, MLP, vocabulary, experts) [HELIOS_TENSOR_PARALLEL_SIZE]")
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int,
+                   help="stages of consecutive layers [HELIOS_PIPELINE_PARALLEL_SIZE]; with RANK, WORLD_SIZE, MASTER_ADDR "
+                        "and MASTER_PORT set, the ranks are processes started elsewhere (other machines), else this one spawns them")
+    p.add_argument("--executor", choices=(AUTO, *implementation_names("executor")),
+                   help="how the ranks run: auto (local for one rank, else multiprocess) [HELIOS_EXECUTOR]")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser):
@@ -127,8 +135,8 @@ def _params(args) -> SamplingParams:
 
 
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "kv_reservation", "kv_watermark",
-               "kv_offload_bytes", "max_queue",
-               "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul")
+               "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul",
+               "tensor_parallel_size", "pipeline_parallel_size", "executor")
 
 
 def _load(args, quiet: bool = False) -> LLM:
@@ -199,6 +207,11 @@ def main(argv: list[str] | None = None):
             from helios.bench.main import bench_main
             sys.exit(bench_main(args))
         if args.command == "serve": EdgeRules(args.api_key, args.max_request_bytes)  # a bad key fails before loading
+        env = rank_env()
+        if env is not None and env.rank != 0:  # a rank started elsewhere (another machine): no server, the forward only
+            if args.threads: torch.set_num_threads(int(args.threads))
+            config = EngineConfig.from_env(**{k: getattr(args, k) for k in ENGINE_ARGS})
+            return join_as_worker(args.model, args.dtype, args.device, config, env)
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,

@@ -360,9 +360,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention: str = AUTO              # attention over the pages: auto, or a registered name (torch, c, ...)
     matmul: str = AUTO                 # the projections' matmuls: auto, or a registered name (torch, onednn, ...)
+    tensor_parallel_size: int = 1      # ranks splitting every layer's heads, MLP and vocabulary (chapter 16)
+    pipeline_parallel_size: int = 1    # stages of consecutive layers, one group of ranks each (chapter 16)
+    executor: str = AUTO               # how the ranks run: auto, local (one process), multiprocess (chapter 16)
 
     def __post_init__(self):
-        for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue"):
+        for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
@@ -376,6 +380,9 @@ class EngineConfig:
         if self.prefix_cache_ttl_s < 0:
             raise ValueError(f"prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")
         for kind in KINDS: check_choice(kind, getattr(self, kind))  # the one place these settings are validated
+
+    @property
+    def world_size(self) -> int: return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @classmethod
     def from_env(cls, environ=None, **overrides) -> EngineConfig:

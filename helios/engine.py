@@ -30,7 +30,7 @@ from .kv.pages import pages_needed
 from .kv.offload import HostKVPool, KVPageCopier, describe_host_budget, num_host_pages_for_budget
 from .kv.pool import KVPool, describe_budget, num_pages_for_budget, page_bytes
 from .kv.prefix_cache import PrefixCache
-from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, EngineStats, RequestHandle,
+from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, EngineStats, FatalEngineError, RequestHandle,
                             RequestMetrics, RequestOutput, StreamEvent)
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
@@ -68,6 +68,9 @@ class ModelRunner:
         "The sequence left, or was preempted: its page-table row is free again."
         entry = self._row_of.pop(seq.seq_id, None)
         if entry is not None: self._free_rows.append(entry[0])
+
+    def close(self):
+        "The engine stopped; a runner with processes of its own stops them here (chapter 16). This one has none."
 
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
@@ -138,7 +141,8 @@ def _attempt(fn: Callable, *args):
 class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
-                 config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None):
+                 config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
+                 make_runner: Callable[..., ModelRunner] = ModelRunner):
         cfg = model.config
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         weights = model.model.embed_tokens.weight
@@ -154,7 +158,7 @@ class Engine:
         # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
         # a fallback from a backend meant for this machine was warned about when it was chosen
         if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
-        self.runner = ModelRunner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
+        self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
         self.budget_summary = (describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model)) + "; "
                                + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, weights.dtype))
                                + f"; pages {config.kv_reservation}")
@@ -170,6 +174,8 @@ class Engine:
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.failure: str | None = None  # why the engine stopped for good (a FatalEngineError), once it has
+        self.on_failure: Callable[[str], None] | None = None  # told that reason, on the engine thread (the server exits)
         self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
                               num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
                               num_constrained_rows=0, grammar_mask_s=0.0)
@@ -197,6 +203,7 @@ class Engine:
         req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
                        matchers=matchers)
         with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's "abort"
+            if self.failure: raise EngineError(f"the engine has stopped: {self.failure}")
             if self._stopping: raise EngineError("the engine is shutting down")
             if self._num_queued() + params.n > self.config.max_queue:
                 raise QueueFull(f"the wait list is full ({self.config.max_queue} sequences); retry shortly")
@@ -275,6 +282,7 @@ class Engine:
             elif kind == "inspect": item.put(cache_report(self.pages, time.monotonic()))  # item: a reply queue
             elif kind == "abort":
                 for req in list(self._requests.values()): self._end(req, finish_reason="abort")
+            elif kind == "fatal": raise FatalEngineError(item)  # item: the reason, from stop_on_error()
             elif item in self._requests: self._end(self._requests[item], finish_reason="cancelled")
 
     def _end(self, req: _Request, finish_reason: str | None = None, error: str | None = None):
@@ -333,6 +341,8 @@ class Engine:
             with part("forward"): logits = self.runner.run(plan, timer)
             self.scheduler.on_computed(plan, time.monotonic())
             with part("sampling and streaming"): self._sample_and_emit(plan, logits, masks)
+        except FatalEngineError:
+            raise  # nothing can run any more: the loop ends every request
         except Exception:
             self._fail(plan, traceback.format_exc(limit=3))
         self._counters["num_ticks"] += 1
@@ -420,6 +430,9 @@ class Engine:
         while not self._stopping or self._busy():
             try:
                 busy = self.step()
+            except FatalEngineError as e:
+                self._stop_for_good(str(e))
+                return
             except Exception:  # a bug outside any one request: fail everything running, keep the thread alive
                 traceback.print_exc()
                 for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
@@ -427,6 +440,26 @@ class Engine:
             if not busy:
                 self._wakeup.wait(0.05)
                 self._wakeup.clear()
+
+    def stop_on_error(self, reason: str):
+        "From any thread: the engine cannot go on (a worker process died); it ends every request with `reason` and stops."
+        self._inbox.put(("fatal", reason))
+        self._wakeup.set()
+
+    def _stop_for_good(self, reason: str):
+        "End every request, accepted or still in the inbox, with the reason; refuse new ones; tell on_failure."
+        with self._lock: self.failure = reason
+        _log.error("the engine stopped: %s", reason)
+        error = f"the engine stopped: {reason}"
+        for req in list(self._requests.values()): _attempt(self._end, req, None, error)
+        while True:
+            try: kind, item = self._inbox.get_nowait()
+            except queue.Empty: break
+            if kind == "add":
+                with self._lock: self._num_submitted -= item.params.n
+                item.handle._push(StreamEvent(-1, "", [], None, None, error))
+            elif kind == "inspect": item.put(cache_report(self.pages, time.monotonic()))
+        if self.on_failure is not None: _attempt(self.on_failure, reason)
 
     def shutdown(self, grace_s: float = 0.0):
         "Refuse new requests, let running ones finish for up to grace_s, end the rest as \"abort\", stop the thread."
@@ -440,7 +473,9 @@ class Engine:
         elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
             self._thread.join(timeout=30)
             if not self._thread.is_alive(): self._thread = None
-        if self._thread is None: self._mask_worker.shutdown()  # the helper thread ends with the engine thread
+        if self._thread is None or not self._thread.is_alive():
+            self._mask_worker.shutdown()  # the helper thread ends with the engine thread
+            self.runner.close()           # and so do a parallel runner's worker processes (chapter 16)
 
 # %% ../nbs/11_engine.ipynb #d6fcdd5a
 def validate_prompt(prompt_ids: list[int], vocab_size: int):

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -22,12 +22,13 @@ from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutp
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
+from .registry import Implementation, NotApplicable, choose
 from .weights import LoadedModel, load_model
 
 _T = TypeVar("_T")
 
 # %% auto #0
-__all__ = ['on_fresh_thread', 'matmul_summary', 'LLM']
+__all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'Launch', 'eos_ids', 'local_launch', 'LLM']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -48,6 +49,31 @@ def matmul_summary(loaded: LoadedModel) -> str:
     return loaded.matmul.implementation.summary if loaded.matmul else "PyTorch"
 
 
+class Launch(NamedTuple):
+    "What an executor built: the model rank 0 runs, the tokenizer, the engine, and how the ranks run."
+    loaded: LoadedModel
+    tokenizer: Tokenizer
+    engine: Engine
+    summary: str  # the start-up line's words for the ranks
+
+
+def eos_ids(loaded: LoadedModel, tokenizer: Tokenizer) -> set[int]:
+    "The tokens that end a completion: the tokenizer's and the checkpoint's."
+    return tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
+
+
+def local_launch(model, dtype, device, config: EngineConfig) -> Launch:
+    "The `local` executor: one process, the whole model, and an engine whose KV pool fills the budget."
+    if config.world_size > 1:
+        raise NotApplicable(f"the local executor runs one process; {config.world_size} ranks need 'multiprocess'")
+    loaded = load_model(model, dtype=dtype, device=device, matmul=config.matmul)
+    tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
+    return Launch(loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config), "one process")
+
+
+LOCAL_EXECUTOR = Implementation("executor", "local", local_launch, priority=0, summary="one process")
+
+
 class LLM:
     "Load a model once, then generate, chat or stream through the continuous-batching engine."
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
@@ -56,32 +82,34 @@ class LLM:
                  kv_cache_bytes: int | None = None, kv_reservation: str | None = None, kv_watermark: float | None = None,
                  kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
-                 matmul: str | None = None, quiet: bool = False):
+                 matmul: str | None = None, tensor_parallel_size: int | None = None,
+                 pipeline_parallel_size: int | None = None, executor: str | None = None, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
             kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
-            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul)
-        loaded, self.tokenizer, self.engine = on_fresh_thread(lambda: self._build(model, dtype, device))
+            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
+            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor)
+        launch = on_fresh_thread(lambda: self._build(model, dtype, device))
+        loaded, self.tokenizer, self.engine = launch.loaded, launch.tokenizer, launch.engine
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
             kv_element = torch.empty((), dtype=loaded.dtype).element_size()
             print(f"helios: {self.path.name} ({self.config.describe(kv_element)}; {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
-                  f"attention: {self.engine.runner.backend.name}; matmuls: {matmul_summary(loaded)}",
-                  file=sys.stderr)
+                  f"attention: {self.engine.runner.backend.name}; matmuls: {matmul_summary(loaded)}"
+                  + (f"; {launch.summary}" if self.engine_config.world_size > 1 else ""), file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
         self._finalizer.atexit = False
         atexit.register(self._finalizer)  # at exit: before the hooks PyTorch registered when it was imported
 
-    def _build(self, model, dtype, device) -> tuple[LoadedModel, Tokenizer, Engine]:
-        "The model, its tokenizer and an engine whose KV pool fills the budget (run on a short-lived thread)."
-        loaded = load_model(model, dtype=dtype, device=device, matmul=self.engine_config.matmul)
-        tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
-        eos = tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
-        return loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos, self.engine_config)
+    def _build(self, model, dtype, device) -> Launch:
+        """The model, its tokenizer and an engine, as the executor builds them (run on a short-lived thread): in
+        this process (`local`), or over worker processes when the ranks are more than one (chapter 16)."""
+        return choose("executor", self.engine_config.executor, model=model, dtype=dtype, device=device,
+                      config=self.engine_config).value
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         "Token ids of a text prompt (with the tokenizer's special tokens), or the ids as given."

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'StreamEvent', 'RequestHandle', 'EngineStats', 'CacheTotals', 'CacheReport']
+__all__ = ['RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineError', 'FatalEngineError', 'StreamEvent', 'RequestHandle', 'EngineStats', 'CacheTotals', 'CacheReport']
 
 # %% ../nbs/11_engine.ipynb #a6a16f8b
 import logging
@@ -91,6 +91,10 @@ class RequestOutput:
 # %% ../nbs/11_engine.ipynb #e24ff22b
 class EngineError(RuntimeError):
     "The engine failed this request (the engine itself keeps serving)."
+
+
+class FatalEngineError(EngineError):
+    "No forward can run any more (a parallel worker was lost, chapter 16): every request ends, the engine stops."
 
 
 class StreamEvent(NamedTuple):

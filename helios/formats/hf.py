@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['HUB_PATTERNS', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'load_safetensors']
+__all__ = ['HUB_PATTERNS', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'load_safetensors']
 
 # %% ../../nbs/04_weights.ipynb #77b66eea
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -53,9 +54,13 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device,
-                     keep_float32: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    "Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in keep_float32: float32)."
+TensorSelector = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]  # (name, shape) -> the part to read, or None: skip it
+
+
+def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, keep_float32: tuple[str, ...] = (),
+                     select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in
+    keep_float32: float32). `select(name, shape)` reads only part of a tensor (a rank's shard), or none of it."""
     files = _safetensors_files(folder)
     tensors = {}
     with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
@@ -64,6 +69,12 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device,
                 for name in f.keys():
                     if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
                     kept = torch.float32 if name.endswith(keep_float32) else dtype
-                    tensors[name] = f.get_tensor(name).to(device=device, dtype=kept)
+                    if select is None: tensor = f.get_tensor(name)
+                    else:
+                        part = f.get_slice(name)
+                        index = select(name, tuple(part.get_shape()))
+                        if index is None: continue
+                        tensor = part[index]  # only these rows or columns are read from the file
+                    tensors[name] = tensor.to(device=device, dtype=kept)
                     bar.update()
     return tensors

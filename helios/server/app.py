@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 
 from ..engine import EngineError, validate_prompt
@@ -121,6 +121,8 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health():
         s = llm.stats()
+        if llm.engine.failure:  # it stopped for good (a parallel worker was lost): the server is about to exit
+            return JSONResponse({"status": "failed", "error": llm.engine.failure}, status_code=503)
         return {"status": "ok", "model": name, "running": s.num_running,
                 "waiting": s.num_waiting, "free_pages": s.num_free_pages, "pages": s.num_pages,
                 "kv_pages": {"device": _tier(s.num_pages, s.num_free_pages, s.num_used_pages, s.num_cached_pages),
@@ -282,7 +284,8 @@ def _draining_server(config, llm: LLM, grace_s: float):
 
 def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
           grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, log_level: str = "warning"):
-    "Serve until SIGINT/SIGTERM, then drain for up to grace_s, end every open stream, stop the engine, exit 0."
+    """Serve until SIGINT/SIGTERM, then drain for up to grace_s, end every open stream, stop the engine, exit 0.
+    If the engine stops for good (a parallel worker lost), every request has had its error: exit 1."""
     import signal
     import sys
     import uvicorn
@@ -294,8 +297,10 @@ def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was installed
     # before it; ours absorbs it, so that the engine is closed and the process exits with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: None)
+    llm.engine.on_failure = lambda reason: setattr(server, "should_exit", True)  # drain, then exit 1 below
     try:
         server.run()
     finally:
         llm.close()
         print("helios: stopped", file=sys.stderr, flush=True)
+    if llm.engine.failure: sys.exit(f"helios: the engine failed: {llm.engine.failure}")
