@@ -443,6 +443,7 @@ class Engine:
 
     def stop_on_error(self, reason: str):
         "From any thread: the engine cannot go on (a worker process died); it ends every request with `reason` and stops."
+        if self.failure: return  # it has stopped already
         self._inbox.put(("fatal", reason))
         self._wakeup.set()
 
@@ -465,11 +466,12 @@ class Engine:
         "Refuse new requests, let running ones finish for up to grace_s, end the rest as \"abort\", stop the thread."
         with self._lock: self._stopping = True
         deadline = time.monotonic() + grace_s
-        while self._thread and self._busy() and time.monotonic() < deadline: time.sleep(0.01)
+        while self._thread and self._thread.is_alive() and self._busy() and time.monotonic() < deadline: time.sleep(0.01)
         self._inbox.put(("abort", None))  # behind every request submitted before _stopping was set
         self._wakeup.set()
         if self._thread is None:
-            self._drain_inbox()  # driven by step(): the caller's thread is the engine thread
+            try: self._drain_inbox()  # driven by step(): the caller's thread is the engine thread
+            except FatalEngineError as e: self._stop_for_good(str(e))
         elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
             self._thread.join(timeout=30)
             if not self._thread.is_alive(): self._thread = None

@@ -25,7 +25,7 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 __all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
            'FLOAT32_TENSORS', 'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint',
            'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'LoadedModel',
-           'read_config', 'read_tensors', 'load_model']
+           'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -184,16 +184,23 @@ def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: t
     return load_safetensors(path, dtype, device, FLOAT32_TENSORS, select)
 
 
+def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    "The whole model from every tensor of the checkpoint (chapter 16 builds one rank's part instead)."
+    return build_model(cfg, read_tensors(path, cfg, reader, dtype, device))
+
+
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO) -> LoadedModel:
-    "Find, read and build a model (None: the embedded default); matmul: 'auto' or a registered implementation."
+               device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO,
+               build: Callable[..., CausalLM] = read_and_build) -> LoadedModel:
+    """Find, read and build a model (None: the embedded default); matmul: 'auto' or a registered implementation;
+    build(cfg, path, reader, dtype, device): how the model is made from the checkpoint."""
     start = time.perf_counter()
     device, exact = resolve_device(device), dtype != "auto"  # an explicit dtype keeps the weights as loaded
     dtype = resolve_dtype(dtype, device)
     choice = choose_matmul(matmul, device, dtype, exact) if optimize else None  # before reading: fail fast
     path = find_checkpoint(model)
     cfg, reader = read_config(path)
-    net = build_model(cfg, read_tensors(path, cfg, reader, dtype, device))
+    net = build(cfg, path, reader, dtype, device)
     weight_dtype = dtype
     if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):
         weight_dtype = choice.value.weight_dtype or dtype

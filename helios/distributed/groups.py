@@ -49,7 +49,7 @@ class ParallelLayout:
     @property
     def last_stage_root(self) -> int: return (self.pp - 1) * self.tp  # gathers the logits and sends them to rank 0
 
-# %% ../../nbs/16_parallel.ipynb #ef98dbac
+# %% ../../nbs/16_parallel.ipynb #62b609f7
 def _backend(name: str, store, rank: int, size: int, timeout: datetime.timedelta):
     "A torch.distributed backend object of its own (no default group): gloo on CPUs, nccl on CUDA GPUs."
     if name == "gloo": return dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -61,9 +61,10 @@ def _backend(name: str, store, rank: int, size: int, timeout: datetime.timedelta
 
 
 class Communicator:
-    "The collectives a group of ranks needs, over one torch.distributed backend object; `seconds` adds up their time."
-    def __init__(self, backend, rank: int, size: int):
-        self.backend, self.rank, self.size = backend, rank, size
+    """The collectives a group of ranks needs, over one torch.distributed backend object; `seconds` adds up their
+    time. `device` is where its tensors must be: the CPU for gloo, the rank's GPU for NCCL."""
+    def __init__(self, backend, rank: int, size: int, device: torch.device | str = "cpu"):
+        self.backend, self.rank, self.size, self.device = backend, rank, size, torch.device(device)
         self.seconds = 0.0  # spent in this group's blocking calls, waiting for the others included
 
     def _wait(self, work):
@@ -104,13 +105,15 @@ class Groups:
     tp: Communicator
 
 
-def connect(layout: ParallelLayout, store, backend: str, timeout: datetime.timedelta = OP_TIMEOUT) -> Groups:
+def connect(layout: ParallelLayout, store, backend: str, device: torch.device,
+            timeout: datetime.timedelta = OP_TIMEOUT) -> Groups:
     "Join the world group and this rank's stage group through the store (every rank calls this at the same time)."
+    store = dist.PrefixStore("helios", store)  # apart from keys others keep in the same store (torchrun's agent)
     world = Communicator(_backend(backend, dist.PrefixStore("world", store), layout.rank, layout.world, timeout),
-                         layout.rank, layout.world)
+                         layout.rank, layout.world, device)
     tp_store = dist.PrefixStore(f"tp-stage{layout.stage}", store)
     tp = Communicator(_backend(backend, tp_store, layout.tp_rank, layout.tp, timeout) if layout.tp > 1 else None,
-                      layout.tp_rank, layout.tp)
+                      layout.tp_rank, layout.tp, device)
     return Groups(layout, world, tp)
 
 
@@ -118,7 +121,7 @@ def backend_for(device: torch.device) -> str:
     "The torch.distributed backend for the device: NCCL between CUDA GPUs, gloo between CPU processes."
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
-# %% ../../nbs/16_parallel.ipynb #dbf705d6
+# %% ../../nbs/16_parallel.ipynb #27ecc525
 def _time_all_reduce(rank: int, world: int, port: int, sizes: list[tuple[int, int]], repeats: int, threads: int, out):
     "One rank of `measure_all_reduce`: sum float32 tensors of each size `repeats` times; rank 0 puts the medians in out."
     import statistics
@@ -147,8 +150,12 @@ def measure_all_reduce(sizes: list[tuple[int, int]], world: int = 2, repeats: in
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    ranks = [ctx.Process(target=_time_all_reduce, args=(r, world, port, sizes, repeats, threads, out)) for r in range(world)]
-    for p in ranks: p.start()
-    medians = out.get(timeout=300)
-    for p in ranks: p.join(30)
-    return medians
+    ranks = [ctx.Process(target=_time_all_reduce, args=(r, world, port, sizes, repeats, threads, out), daemon=True)
+             for r in range(world)]
+    try:
+        for p in ranks: p.start()
+        return out.get(timeout=300)
+    finally:
+        for p in ranks:
+            p.join(10)
+            if p.is_alive(): p.kill()

@@ -24,7 +24,7 @@ TICK, STOP = 1, 0     # what rank 0's header announces
 HEADER = 5            # op, chunks, tokens, pages per table, micro-batches
 LOGITS_TAG = 1 << 20  # send/recv tags: activations use the micro-batch index, logits this plus it
 
-# %% ../../nbs/16_parallel.ipynb #31928d6b
+# %% ../../nbs/16_parallel.ipynb #2d32d2ba
 @dataclass(frozen=True)
 class TickInputs:
     "What every rank needs of a tick: tokens, where they sit and which sample; nothing of requests or sampling."
@@ -69,22 +69,23 @@ def split_micro_batches(lengths: list[int], parts: int) -> list[range]:
 def broadcast_tick(world: Communicator, inputs: TickInputs | None):
     "Rank 0 sends the tick (None: stop) to every rank."
     if inputs is None:
-        world.broadcast(torch.tensor([STOP, 0, 0, 0, 0]))
+        world.broadcast(torch.tensor([STOP, 0, 0, 0, 0], device=world.device))
         return
     header, payload = inputs.pack()
-    world.broadcast(header)
-    world.broadcast(payload)
+    world.broadcast(header.to(world.device))
+    world.broadcast(payload.to(world.device))
 
 
 def receive_tick(world: Communicator) -> TickInputs | None:
     "A worker waits, as long as the server idles, for rank 0's next tick (None: stop)."
-    header = world.broadcast(torch.zeros(HEADER, dtype=torch.long), timeout=WAIT_FOREVER)
+    header = world.broadcast(torch.zeros(HEADER, dtype=torch.long, device=world.device), timeout=WAIT_FOREVER).cpu()
     if header[0] == STOP: return None
     _, n, num_tokens, num_pages, m = header.tolist()
-    payload = world.broadcast(torch.zeros(3 * n + m + 1 + num_tokens + n * num_pages, dtype=torch.long))
-    return TickInputs.unpack(header, payload)
+    payload = world.broadcast(torch.zeros(3 * n + m + 1 + num_tokens + n * num_pages, dtype=torch.long,
+                                          device=world.device))
+    return TickInputs.unpack(header, payload.cpu())
 
-# %% ../../nbs/16_parallel.ipynb #42770036
+# %% ../../nbs/16_parallel.ipynb #0d056b32
 class StageRunner:
     """One rank's share of a tick: for each micro-batch, its stage's layers over the rank's heads, between a receive
     from the stage before and a send to the stage after (sends do not wait, so stages overlap micro-batches)."""
@@ -127,16 +128,18 @@ class StageRunner:
             ids = inputs.token_ids[offsets[a]:offsets[b]].to(self.device)
             y = self._forward(ids, batch.positions, x, PagedKV(self.kv, batch, self.backend, timer), rows)
             if not L.last_stage: pending.append((world.send(y, L.next_rank, j), y))
-            elif y is not None and L.rank == 0: outs.append(y)
-            elif y is not None and sampling: pending.append((world.send(y, 0, LOGITS_TAG + j), y))
+            elif y is not None: outs.append((j, y))
+        if L.rank != 0:  # the last stage's logits go back after its last micro-batch: with two stages, rank 0 sends
+            for j, y in outs:  # to the same rank it receives from, and NCCL runs one pair's transfers in order
+                if len(y): pending.append((world.send(y, 0, LOGITS_TAG + j), y))
         for work, _ in pending: work.wait()
         if L.rank != 0: return None
         if not L.last_stage:  # rank 0 runs the first stage: the logits come from the last one
             for j, chunks in enumerate(inputs.micro_batches):
                 k = sum(inputs.samples[i] for i in chunks)
-                if k: outs.append(world.recv(torch.empty(k, self.vocab_size, device=self.device), L.last_stage_root,
-                                             LOGITS_TAG + j))
-        return torch.cat(outs) if outs else torch.empty(0, self.vocab_size, device=self.device)
+                if k: outs.append((j, world.recv(torch.empty(k, self.vocab_size, device=self.device),
+                                                 L.last_stage_root, LOGITS_TAG + j)))
+        return torch.cat([y for _, y in outs]) if outs else torch.empty(0, self.vocab_size, device=self.device)
 
 
 def serve_ticks(stage: StageRunner, world: Communicator):

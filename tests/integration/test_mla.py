@@ -22,7 +22,7 @@ from helios.weights import load_model
 # multiplies in transformers' order; the absorbed one associates the up-projections the other way round, which
 # moves the logits of these large random weights by up to ~2e-4 after a few layers. A wrong scale, rope order or
 # split of kv_b_proj moves them by O(1).
-LOGIT_ATOL = {"expanded": 1e-4, "absorbed": 5e-4}
+LOGIT_ATOL = {"expanded": 2e-4, "absorbed": 5e-4}  # expanded: 1.05e-4 seen on an AVX-512 AMD EPYC (Zen 4)
 STEPS = 32
 PROMPT_LENS = (7, 12, 17)
 

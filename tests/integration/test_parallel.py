@@ -14,8 +14,8 @@ VOCAB = 49153  # SmolLM2's tokenizer plus one: a vocabulary no world size divide
 MODELS = {
     "qwen3": (lambda folder: save_tiny("qwen3_untied", folder, vocab_size=VOCAB), [(2, 1), (1, 2), (2, 2)]),
     "llama": (lambda folder: save_tiny("llama", folder, vocab_size=VOCAB, num_key_value_heads=1, num_hidden_layers=3),
-              [(2, 1), (1, 2)]),
-    "qwen3_moe": (lambda folder: save_family("qwen3_moe", folder, vocab_size=VOCAB), [(2, 1), (2, 2)]),
+              [(2, 1), (1, 2), (2, 2)]),
+    "qwen3_moe": (lambda folder: save_family("qwen3_moe", folder, vocab_size=VOCAB), [(2, 1), (1, 2), (2, 2)]),
     "deepseek_v3": (lambda folder: save_family("deepseek_v3", folder, vocab_size=VOCAB), [(2, 1)]),
 }
 

@@ -93,3 +93,29 @@ def test_ranks_started_with_torchrun_environment_serve_the_same_tokens(tiny_fold
         assert rank1.wait(timeout=30) == 0  # told to stop by rank 0
     finally:
         if rank1.poll() is None: rank1.kill()
+
+
+def test_torchrun_starts_the_ranks_and_they_serve_the_same_tokens(tiny_folder, expected):
+    "torchrun's agent already serves a store at MASTER_PORT: every rank joins it, rank 0 serves."
+    import httpx
+    port = free_port()
+    cmd = ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "--no-python", "helios", "serve", "--model", str(tiny_folder), "-tp", "2",
+           "--threads", "1", "--port", str(port), *MODEL_ARGS]
+    agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200: break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        ranks = children(agent.pid)
+        assert len(ranks) == 2
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        assert complete(client, tiny_folder) == expected
+        agent.send_signal(signal.SIGTERM)  # torchrun passes it to both ranks
+        agent.wait(timeout=60)
+        assert wait_gone(ranks) == []
+    finally:
+        if agent.poll() is None: agent.kill()
