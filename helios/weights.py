@@ -22,10 +22,10 @@ from .model.qwen3 import CausalLM, DecoderLayer, LayerFactory, model_from_state_
 from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice, choose
 
 # %% auto #0
-__all__ = ['CPU_DEFAULT_DTYPE', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL', 'TORCH_MATMUL',
-           'FLOAT32_TENSORS', 'resolve_device', 'resolve_dtype', 'default_model_path', 'find_checkpoint',
-           'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'LoadedModel',
-           'read_config', 'read_tensors', 'read_and_build', 'load_model']
+__all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
+           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'resolve_device', 'cuda_dtype', 'resolve_dtype', 'default_model_path',
+           'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model',
+           'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -40,12 +40,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    "`auto`: bfloat16 on GPUs that support it, float16 on older GPUs, float32 on CPU."
+BF16_MIN_CAPABILITY = (8, 0)  # Ampere: bfloat16 in the tensor cores; below it (T4: 7.5) bfloat16 is emulated
+
+
+def cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
+    "The `auto` dtype of a GPU of this compute capability: bfloat16 from 8.0, float16 below."
+    return torch.bfloat16 if tuple(capability) >= BF16_MIN_CAPABILITY else torch.float16
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, capability: tuple[int, int] | None = None) -> torch.dtype:
+    "`auto`: by compute capability on a GPU (`cuda_dtype`; capability: the device's, unless given), float32 on CPU."
     if isinstance(dtype, torch.dtype): return dtype
     if dtype == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return cuda_dtype(capability or torch.cuda.get_device_capability(device))
         return CPU_DEFAULT_DTYPE
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(_DTYPES)}")

@@ -5,23 +5,40 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['VARLEN', 'varlen_available', 'varlen_attention', 'VarlenAttention']
+__all__ = ['FLASH_MIN_CAPABILITY', 'VARLEN_KEYWORDS', 'VARLEN', 'varlen_unavailable', 'varlen_available', 'varlen_attention', 'VarlenAttention']
 
 # %% ../../nbs/08_paged_pool.ipynb #076628b6
+import inspect
+
 import torch
 
 from .base import AttentionBackend
 from ..kv.batch import PagedBatch
 from ..registry import Implementation, NotApplicable
 
-def varlen_available(device: torch.device) -> bool:
-    "True on CUDA devices where PyTorch ships varlen_attn."
-    if device.type != "cuda": return False
+FLASH_MIN_CAPABILITY = (8, 0)  # FlashAttention-2, under varlen_attn, runs on Ampere and later only
+VARLEN_KEYWORDS = ("block_table", "seqused_k", "num_splits")  # paged attention needs them; older PyTorch lacks some
+
+
+def varlen_unavailable(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
+    "Why varlen_attn cannot run on device (capability: the device's, unless given), or None when it can."
+    if device.type != "cuda": return f"varlen_attn runs on CUDA, not {device}"
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return False
-    return True
+        return f"this PyTorch ({torch.__version__}) has no torch.nn.attention.varlen"
+    missing = [k for k in VARLEN_KEYWORDS if k not in inspect.signature(varlen_attn).parameters]
+    if missing: return f"this PyTorch's ({torch.__version__}) varlen_attn takes no {', '.join(missing)}"
+    capability = tuple(capability or torch.cuda.get_device_capability(device))
+    if capability < FLASH_MIN_CAPABILITY:
+        return (f"FlashAttention needs compute capability {FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]}+, "
+                f"this GPU has {capability[0]}.{capability[1]}")
+    return None
+
+
+def varlen_available(device: torch.device, capability: tuple[int, int] | None = None) -> bool:
+    "True on CUDA devices of capability 8.0+ where PyTorch ships varlen_attn."
+    return varlen_unavailable(device, capability) is None
 
 
 def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
@@ -44,8 +61,8 @@ class VarlenAttention(AttentionBackend):
 
 
 def _build_varlen(device: torch.device, cfg=None, **_) -> VarlenAttention:
-    if not varlen_available(torch.device(device)):
-        raise NotApplicable(f"varlen_attn needs a CUDA build of PyTorch with torch.nn.attention.varlen, not {device}")
+    reason = varlen_unavailable(torch.device(device))
+    if reason is not None: raise NotApplicable(reason)
     layout = None if cfg is None else cfg.kv_layout
     if layout is not None and (layout.v_in_k or layout.k_dim > 256):
         raise NotApplicable(f"FlashAttention reads separate K and V pages of at most 256 channels, not this model's "
