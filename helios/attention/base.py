@@ -86,8 +86,10 @@ class PagedKV:
 
 
 def gather_pages(pages_of_layer: torch.Tensor, page_table: torch.Tensor, length: int) -> torch.Tensor:
-    "A sequence's first `length` tokens from pages_of_layer: [P, page_size, H, D] -> [length, H, D]."
+    """A sequence's first `length` tokens from pages_of_layer: [P, page_size, H, D] -> [length, H, D]. On the CPU,
+    consecutive pages are a view; on a GPU they are always gathered, since looking costs a device-to-host sync."""
     used = page_table[: pages_needed(length, pages_of_layer.shape[1])]
+    if used.device.type != "cpu": return pages_of_layer[used].flatten(0, 1)[:length]
     first = int(used[0])
     if len(used) == 1 or bool((used.diff() == 1).all()):  # consecutive pages: a view, no copy
         return pages_of_layer[first:first + len(used)].flatten(0, 1)[:length]

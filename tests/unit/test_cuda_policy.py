@@ -31,3 +31,14 @@ def test_a_pytorch_whose_varlen_attn_lacks_the_paged_keywords_is_refused(monkeyp
     def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=None): ...
     monkeypatch.setattr(varlen, "varlen_attn", old_varlen_attn)
     assert "takes no block_table, seqused_k, num_splits" in varlen_unavailable(GPU, (9, 0))
+
+
+def test_gathering_pages_off_the_cpu_never_reads_the_page_numbers():
+    "Off the CPU, gather_pages indexes the pool with the table as it is: on the meta device, any read of a value raises."
+    from helios.attention.base import gather_pages
+    pool = torch.randn(6, 4, 2, 3)  # [pages, page_size, H, D]
+    for table in (torch.tensor([2, 3, 4]), torch.tensor([5, 1, 0])):  # consecutive (a view on the CPU), scattered
+        expected = torch.cat([pool[p] for p in table.tolist()])[:10]
+        assert torch.equal(gather_pages(pool, table, 10), expected)
+        with pytest.raises((RuntimeError, NotImplementedError)): int(table.to("meta")[0])  # what a host read would do
+        assert gather_pages(pool.to("meta"), table.to("meta"), 10).shape == (10, 2, 3)
