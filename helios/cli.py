@@ -70,6 +70,12 @@ def _add_engine_args(p: argparse.ArgumentParser):
                         "and MASTER_PORT set, the ranks are processes started elsewhere (other machines), else this one spawns them")
     p.add_argument("--executor", choices=(AUTO, *implementation_names("executor")),
                    help="how the ranks run: auto (local for one rank, else multiprocess) [HELIOS_EXECUTOR]")
+    p.add_argument("--runner", choices=(AUTO, *implementation_names("runner")),
+                   help="how a tick's forward runs: auto (CUDA graphs for decode ticks on a GPU, else eager) [HELIOS_RUNNER]")
+    p.add_argument("--enforce-eager", dest="runner", action="store_const", const="eager",
+                   help="no CUDA graphs: every tick runs eagerly (the same as --runner eager)")
+    p.add_argument("--compile", action="store_const", const=True, default=None,
+                   help="torch.compile each layer's norms and MLP at start-up [HELIOS_COMPILE]")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser):
@@ -136,7 +142,7 @@ def _params(args) -> SamplingParams:
 
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "kv_reservation", "kv_watermark",
                "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul",
-               "tensor_parallel_size", "pipeline_parallel_size", "executor")
+               "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile")
 
 
 def _load(args, quiet: bool = False) -> LLM:

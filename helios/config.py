@@ -363,6 +363,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1      # ranks splitting every layer's heads, MLP and vocabulary (chapter 16)
     pipeline_parallel_size: int = 1    # stages of consecutive layers, one group of ranks each (chapter 16)
     executor: str = AUTO               # how the ranks run: auto, local (one process), multiprocess (chapter 16)
+    runner: str = AUTO                 # how a tick's forward runs: auto, eager, cuda-graphs (decode ticks; chapter 17)
+    compile: bool = False              # torch.compile each layer's norms and MLP (chapter 17 measures when it pays)
 
     def __post_init__(self):
         for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue", "tensor_parallel_size",

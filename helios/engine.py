@@ -24,7 +24,8 @@ import torch
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_KV_OFFLOAD_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
 from .attention.base import AttentionBackend, PagedKV, Timer, choose_backend
-from .kv.batch import build_paged_batch
+from .kv.batch import PagedBatch, build_paged_batch
+from .kv.budget import MemoryProfile, profile_memory
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.offload import HostKVPool, KVPageCopier, describe_host_budget, num_host_pages_for_budget
@@ -38,12 +39,14 @@ from .scheduler import QueueFull, Scheduler, Sequence, TickPlan
 from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
                                append_token, fill_token_masks)
 from .tokenizer import Tokenizer
+from .registry import Implementation, choose
 
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['ModelRunner', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt',
-           'validate_logit_bias', 'cache_report']
+__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ModelRunner', 'build_model_runner', 'compile_layers', 'weight_bytes',
+           'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
+           'cache_report']
 
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
@@ -51,7 +54,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend):
         self.model, self.kv, self.page_size, self.backend = model, kv, kv.page_size, backend
         self.device = model.model.embed_tokens.weight.device
-        self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long, device=self.device)
+        self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long)  # on the host
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self._row_of: dict[int, tuple[int, int, int]] = {}  # seq_id -> (row, pages written, the table's preemption count)
 
@@ -72,19 +75,49 @@ class ModelRunner:
     def close(self):
         "The engine stopped; a runner with processes of its own stops them here (chapter 16). This one has none."
 
+    def batch(self, plan: TickPlan) -> PagedBatch:
+        "The tick's tokens and metadata, made on the host and moved to the device in one copy."
+        rows = [self._row(c.seq) for c in plan.chunks]
+        used = max(pages_needed(c.start + c.num_tokens, self.page_size) for c in plan.chunks)
+        sampling = [i for i, c in enumerate(plan.chunks) if c.samples]
+        every_token = len(sampling) == sum(c.num_tokens for c in plan.chunks)  # decode-only: all, in order
+        return build_paged_batch(self.page_table_buffer[rows, :used], [c.start for c in plan.chunks],
+                                 [c.num_tokens for c in plan.chunks], self.page_size, self.device,
+                                 [t for c in plan.chunks for t in c.token_ids], None if every_token else sampling)
+
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
         "Logits [num sampling chunks, vocab] (float32), in plan order; timer: time attention (chapter 15)."
-        rows = torch.tensor([self._row(c.seq) for c in plan.chunks], device=self.device)
-        batch = build_paged_batch(self.page_table_buffer[rows], [c.start for c in plan.chunks],
-                                  [c.num_tokens for c in plan.chunks], self.page_size)
-        input_ids = torch.tensor([t for c in plan.chunks for t in c.token_ids], device=self.device)
-        sampling = torch.tensor([i for i, c in enumerate(plan.chunks) if c.samples], dtype=torch.long)
-        every_token = len(sampling) == len(input_ids)  # a decode-only tick: all of them, in order, so no selection
-        logits_at = None if every_token else batch.logits_indices[sampling].to(self.device)
+        batch = self.batch(plan)
         kv = PagedKV(self.kv, batch, self.backend, timer)
-        logits = self.model(input_ids[None], batch.positions[None], kv, logits_at, run_layer=self.backend.run_layer)
+        logits = self.model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=self.backend.run_layer)
         return logits[0]
+
+
+def build_model_runner(model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend,
+                       **_) -> ModelRunner:
+    "The `eager` runner: every tick's forward runs op by op, as PyTorch executes it."
+    return ModelRunner(model, kv, max_rows, max_pages_per_seq, backend)
+
+
+EAGER_RUNNER = Implementation("runner", "eager", build_model_runner, 0, "eager")
+COMPILE_MODE = {"cuda": "max-autotune-no-cudagraphs"}  # by device type; elsewhere torch.compile's default
+
+
+def compile_layers(model: CausalLM, mode: str | None = None) -> float:
+    """torch.compile every decoder layer's norms and MLP in place (dynamic in the token count; attention, with its
+    page tables, stays eager), then run each once at 1 and 2 tokens so that compiling happens now, at start-up.
+    Returns the seconds it took. Chapter 17 measures where it pays."""
+    start = time.perf_counter()
+    weights = model.model.embed_tokens.weight
+    parts = [getattr(layer, name) for layer in model.model.layers
+             for name in ("input_layernorm", "post_attention_layernorm", "mlp")]
+    for part in parts: part.compile(dynamic=True, mode=mode)
+    with torch.inference_mode():
+        for tokens in (1, 2):  # one token is a shape of its own to torch.compile
+            x = torch.zeros(1, tokens, model.config.hidden_size, dtype=weights.dtype, device=weights.device)
+            for part in parts: part(x)
+    return time.perf_counter() - start
 
 # %% ../nbs/11_engine.ipynb #fc8dcb72
 @dataclass(eq=False)
@@ -112,7 +145,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
-    "The KV byte budget: explicit, or a default for the device."
+    "The KV byte budget: explicit, or a default for the device (on a GPU, `Engine.create` measures it instead)."
     if config.kv_cache_bytes is not None: return config.kv_cache_bytes
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -142,11 +175,12 @@ class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
                  config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
-                 make_runner: Callable[..., ModelRunner] = ModelRunner):
+                 make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None):
         cfg = model.config
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         weights = model.model.embed_tokens.weight
-        self.kv = KVPool(cfg, num_pages, config.page_size, weights.dtype, weights.device)
+        # one page more than the budget's: the scratch page where rows that pad a CUDA graph's batch write (chapter 17)
+        self.kv = KVPool(cfg, num_pages, config.page_size, weights.dtype, weights.device, scratch_page=True)
         num_host_pages = num_host_pages_for_budget(cfg, kv_offload_budget_bytes(config, weights.device),
                                                    config.page_size, weights.dtype)
         self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, weights.dtype, pin=weights.is_cuda) if num_host_pages else None
@@ -157,9 +191,22 @@ class Engine:
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
         # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
         # a fallback from a backend meant for this machine was warned about when it was chosen
-        if backend is None: backend = choose_backend(cfg, weights.dtype, weights.device, config.attention).value
-        self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
-        self.budget_summary = (describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model)) + "; "
+        self.attention_passed_over: tuple[str, ...] = ()  # why `auto` passed over better-ranked backends
+        if backend is None:
+            choice = choose_backend(cfg, weights.dtype, weights.device, config.attention)
+            backend, self.attention_passed_over = choice.value, choice.passed_over
+        self.compile_s = compile_layers(model, COMPILE_MODE.get(weights.device.type)) if config.compile else None
+        # the runner: the one given (chapter 16's), else the registry's for config.runner (auto: CUDA graphs where
+        # they run, chapter 17; else eager), with the reasons it passed over the others
+        if make_runner is None:
+            choice = choose("runner", config.runner, model=model, kv=self.kv, max_rows=config.max_batch_size,
+                            max_pages_per_seq=max_pages_per_seq, backend=backend, config=config)
+            self.runner, self.runner_passed_over = choice.value, choice.passed_over
+        else:
+            self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
+            self.runner_passed_over = ()
+        self.budget_summary = ((memory.describe() + "; " if memory else "")
+                               + describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model)) + "; "
                                + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, weights.dtype))
                                + f"; pages {config.kv_reservation}")
         self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
@@ -183,11 +230,17 @@ class Engine:
 
     @classmethod
     def create(cls, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
-        "An engine whose pool fills the configured (or default) KV budget."
-        device = model.model.embed_tokens.weight.device
-        num_pages = num_pages_for_budget(model.config, kv_budget_bytes(config, device), config.page_size,
-                                         model.model.embed_tokens.weight.dtype)
-        return cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages)
+        "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
+        weights = model.model.embed_tokens.weight
+        choice = choose_backend(model.config, weights.dtype, weights.device, config.attention)
+        memory = None
+        if config.kv_cache_bytes is None and weights.is_cuda:
+            memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
+        budget = memory.kv_bytes if memory else kv_budget_bytes(config, weights.device)
+        num_pages = num_pages_for_budget(model.config, budget, config.page_size, weights.dtype)
+        engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory)
+        engine.attention_passed_over = choice.passed_over
+        return engine
 
     # ---- the caller's side (any thread) ----
     def submit(self, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,

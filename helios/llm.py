@@ -28,7 +28,8 @@ from .weights import LoadedModel, load_model
 _T = TypeVar("_T")
 
 # %% auto #0
-__all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'Launch', 'eos_ids', 'local_launch', 'LLM']
+__all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'attention_summary', 'runner_summary', 'Launch', 'eos_ids',
+           'local_launch', 'LLM']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -47,6 +48,23 @@ def on_fresh_thread(fn: Callable[[], _T]) -> _T:
 def matmul_summary(loaded: LoadedModel) -> str:
     "How the start-up line names the model's matmuls."
     return loaded.matmul.implementation.summary if loaded.matmul else "PyTorch"
+
+
+def attention_summary(engine: Engine) -> str:
+    "The attention backend's name and, on a GPU, why `auto` passed over better-ranked ones (FlashAttention on a T4)."
+    gpu_reasons = [r for r in engine.attention_passed_over if not r.startswith("c:")]  # the C kernels: CPU only
+    name = engine.runner.backend.name
+    return f"{name} ({'; '.join(gpu_reasons)})" if engine.runner.device.type == "cuda" and gpu_reasons else name
+
+
+def runner_summary(engine: Engine) -> str:
+    """How the start-up line names the runner: its graphs' capture (chapter 17), or eager, with why graphs were
+    passed over on a GPU; and torch.compile's time when it is on."""
+    report = getattr(engine.runner, "capture_report", None)
+    text = f"runner: {report.describe()}" if report else "runner: eager"
+    if report is None and engine.runner.device.type == "cuda" and engine.runner_passed_over:
+        text += f" ({'; '.join(engine.runner_passed_over)})"
+    return text + (f"; compiled in {engine.compile_s:.1f} s" if engine.compile_s is not None else "")
 
 
 class Launch(NamedTuple):
@@ -83,13 +101,15 @@ class LLM:
                  kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
                  matmul: str | None = None, tensor_parallel_size: int | None = None,
-                 pipeline_parallel_size: int | None = None, executor: str | None = None, quiet: bool = False):
+                 pipeline_parallel_size: int | None = None, executor: str | None = None, runner: str | None = None,
+                 compile: bool | None = None, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
             kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
-            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor)
+            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor,
+            runner=runner, compile=compile)
         launch = on_fresh_thread(lambda: self._build(model, dtype, device))
         loaded, self.tokenizer, self.engine = launch.loaded, launch.tokenizer, launch.engine
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
@@ -98,7 +118,7 @@ class LLM:
             kv_element = torch.empty((), dtype=loaded.dtype).element_size()
             print(f"helios: {self.path.name} ({self.config.describe(kv_element)}; {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
-                  f"attention: {self.engine.runner.backend.name}; matmuls: {matmul_summary(loaded)}"
+                  f"attention: {attention_summary(self.engine)}; matmuls: {matmul_summary(loaded)}; {runner_summary(self.engine)}"
                   + (f"; {launch.summary}" if self.engine_config.world_size > 1 else ""), file=sys.stderr)
         self.engine.start()
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, NamedTuple
 
-KINDS = ("attention", "matmul", "executor")  # the settings whose implementations are registered by name
+KINDS = ("attention", "matmul", "executor", "runner")  # the settings whose implementations are registered by name
 AUTO = "auto"
 
 

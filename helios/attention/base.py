@@ -27,6 +27,7 @@ Timer = Callable[[str], AbstractContextManager]  # timer("attention") times what
 class AttentionBackend(ABC):
     "Attention over one layer's pages for a packed tick; a backend may also run whole decoder layers its own way."
     name: str = "attention"  # how the start-up line names it
+    graph_safe: bool = False # reads lengths from the batch's device tensors alone, so a CUDA graph may replay it
 
     @abstractmethod
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
@@ -108,6 +109,8 @@ def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.T
     return k, k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
 
 
-def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto") -> Choice:
-    "The attention backend for this model, KV dtype and device: `name`, or under auto the best registered one."
-    return choose("attention", name, cfg=cfg, kv_dtype=kv_dtype, device=torch.device(device))
+def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto",
+                   capability: tuple[int, int] | None = None) -> Choice:
+    """The attention backend for this model, KV dtype and device: `name`, or under auto the best registered one.
+    capability: a CUDA device's compute capability, when not the device's own (to test the choice on a CPU)."""
+    return choose("attention", name, cfg=cfg, kv_dtype=kv_dtype, device=torch.device(device), capability=capability)

@@ -43,25 +43,23 @@ def varlen_available(device: torch.device, capability: tuple[int, int] | None = 
 
 def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                      scale: float | None = None) -> torch.Tensor:
-    "FlashAttention over pages (CUDA). q: [1, N, Hq, D]."
+    "FlashAttention over pages (CUDA), reading the batch's device tensors only. q: [1, N, Hq, D]."
     from torch.nn.attention.varlen import varlen_attn
-    device = q.device
-    cu_q = torch.tensor([0] + [s + n for s, n in zip(batch.query_starts, batch.query_lens)], device=device, dtype=torch.int32)
-    ctx = torch.tensor(batch.context_lens, device=device, dtype=torch.int32)
-    out = varlen_attn(q[0], k_pages, v_pages, cu_q, None, max(batch.query_lens), max(batch.context_lens),
-                      scale=scale, window_size=(-1, 0), enable_gqa=q.shape[2] != k_pages.shape[2], seqused_k=ctx,
-                      block_table=batch.page_tables.to(torch.int32), num_splits=1)
+    out = varlen_attn(q[0], k_pages, v_pages, batch.cu_query_lens, None, max(batch.query_lens), max(batch.context_lens),
+                      scale=scale, window_size=(-1, 0), enable_gqa=q.shape[2] != k_pages.shape[2],
+                      seqused_k=batch.context_lens_t, block_table=batch.page_tables.to(torch.int32), num_splits=1)
     return out[None]
 
 
 class VarlenAttention(AttentionBackend):
     "PyTorch's FlashAttention over the page tables (CUDA)."
     name = "FlashAttention (varlen)"
+    graph_safe = True  # reads lengths from device tensors: a CUDA graph can replay it (chapter 17)
     def __call__(self, q, k_pages, v_pages, batch, scale=None): return varlen_attention(q, k_pages, v_pages, batch, scale)
 
 
-def _build_varlen(device: torch.device, cfg=None, **_) -> VarlenAttention:
-    reason = varlen_unavailable(torch.device(device))
+def _build_varlen(device: torch.device, cfg=None, capability: tuple[int, int] | None = None, **_) -> VarlenAttention:
+    reason = varlen_unavailable(torch.device(device), capability)
     if reason is not None: raise NotApplicable(reason)
     layout = None if cfg is None else cfg.kv_layout
     if layout is not None and (layout.v_in_k or layout.k_dim > 256):

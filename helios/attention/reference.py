@@ -92,6 +92,7 @@ class ReferenceAttention(AttentionBackend):
 class BatchedAttention(AttentionBackend):
     "Decode rows in two batched matmuls, prefill chunks per sequence: PyTorch's fast path on any device."
     name = "PyTorch"
+    graph_safe = True  # decode rows: device tensors and a bound on their length (chapter 17)
     def __call__(self, q, k_pages, v_pages, batch, scale=None): return batched_attention(q, k_pages, v_pages, batch, scale)
 
 

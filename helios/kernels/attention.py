@@ -271,7 +271,7 @@ class CKernels(AttentionBackend):
 from ..registry import Implementation, NotApplicable
 
 
-def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device) -> CKernels:
+def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, **_) -> CKernels:
     "The C kernels built for this model's attention shape; NotApplicable off the CPU or for other K/V dtypes."
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
     if kv_dtype != torch.float32: raise NotApplicable(f"the C kernels read float32 K/V pages, not {kv_dtype}")

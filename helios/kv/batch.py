@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['PagedBatch', 'DecodeRows', 'build_paged_batch']
+__all__ = ['DecodeRows', 'PagedBatch', 'to_device', 'build_paged_batch', 'decode_graph_batch']
 
 # %% ../../nbs/08_paged_pool.ipynb #40ce8ebc
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -17,68 +16,126 @@ import torch
 
 from .pages import pages_needed
 
-@dataclass(frozen=True)
-class PagedBatch:
-    "Attention metadata of one packed forward over several sequences."
-    positions: torch.Tensor     # [N] position of each packed token in its own sequence
-    slot_mapping: torch.Tensor  # [N] where each token's k/v are written
-    page_tables: torch.Tensor   # [B, max_pages] physical pages of each sequence (padded with 0)
-    query_starts: list[int]     # B offsets of each sequence's tokens in the packed batch
-    query_lens: list[int]       # B new tokens per sequence this tick
-    context_lens: list[int]     # B tokens in each sequence's cache after this tick
-    page_size: int
-
-    @property
-    def num_seqs(self) -> int: return len(self.query_lens)
-
-    @property
-    def logits_indices(self) -> torch.Tensor:
-        "[B] the packed index of each sequence's last token."
-        return torch.tensor([s + n - 1 for s, n in zip(self.query_starts, self.query_lens)])
-
-    def subset(self, seqs: list[int]) -> PagedBatch:
-        "The listed sequences alone, their tokens packed in the same order (for attention that treats them apart)."
-        index = torch.cat([torch.arange(self.query_starts[i], self.query_starts[i] + self.query_lens[i]) for i in seqs])
-        lens = [self.query_lens[i] for i in seqs]
-        index = index.to(self.positions.device)
-        return PagedBatch(self.positions[index], self.slot_mapping[index], self.page_tables[seqs],
-                          [0, *accumulate(lens)][:-1], lens, [self.context_lens[i] for i in seqs], self.page_size)
-
-    @cached_property
-    def decode_rows(self) -> list[DecodeRows] | None:
-        "The rows with one new token, grouped by how many pages they span; built once per tick (None if fewer than two)."
-        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
-        if len(rows) < 2: return None
-        by_pages: dict[int, list[int]] = {}
-        for i in rows: by_pages.setdefault(pages_needed(self.context_lens[i], self.page_size), []).append(i)
-        in_order = len(rows) == self.num_seqs and len(by_pages) == 1  # decode-only, one group: rows already in order
-        return [self._decode_group(group, in_order) for _, group in sorted(by_pages.items())]
-
-    def _decode_group(self, rows: list[int], in_order: bool) -> DecodeRows:
-        device = self.page_tables.device
-        lens = [self.context_lens[i] for i in rows]
-        longest = max(lens)
-        padding = torch.arange(longest, device=device)[None, :] >= torch.tensor(lens, device=device)[:, None]
-        token_index = None if in_order else torch.tensor([self.query_starts[i] for i in rows], device=device)
-        tables = self.page_tables if in_order else self.page_tables[rows]
-        return DecodeRows(rows, token_index, tables[:, :pages_needed(longest, self.page_size)], longest, padding)
-
 
 class DecodeRows(NamedTuple):
     "What decode attention needs for a group of one-token rows that span the same number of pages."
     rows: list[int]                    # which sequences of the batch
     token_index: torch.Tensor | None   # [R] their packed token index (None: all tokens, in order)
     page_tables: torch.Tensor          # [R, n] the pages that hold their first `longest` tokens
-    longest: int                       # the longest context among them
+    longest: int                       # the longest context among them (or a bound on it, under a CUDA graph)
     padding: torch.Tensor              # [R, longest] True past each row's context
 
 
-def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[int], page_size: int) -> PagedBatch:
-    "Metadata for sequences whose next lens[i] tokens start at position starts[i]. page_tables: [B, max_pages]."
-    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)]).to(page_tables.device)
-    owner = torch.repeat_interleave(torch.arange(len(lens), device=page_tables.device),
-                                    torch.tensor(lens, device=page_tables.device))  # [N] sequence of each token
-    slots = page_tables[owner, positions // page_size] * page_size + positions % page_size
-    query_starts = [0, *accumulate(lens)][:-1]
-    return PagedBatch(positions, slots, page_tables, query_starts, list(lens),
-                      [s + n for s, n in zip(starts, lens)], page_size)
+@dataclass(frozen=True)
+class PagedBatch:
+    "Attention metadata of one packed forward over several sequences; every tensor is on the forward's device."
+    positions: torch.Tensor       # [N] position of each packed token in its own sequence
+    slot_mapping: torch.Tensor    # [N] where each token's k/v are written
+    page_tables: torch.Tensor     # [B, max_pages] physical pages of each sequence (padded with 0)
+    query_starts: list[int]       # B offsets of each sequence's tokens in the packed batch
+    query_lens: list[int]         # B new tokens per sequence this tick
+    context_lens: list[int]       # B tokens in each sequence's cache after this tick (a CUDA graph: a bound)
+    page_size: int
+    context_lens_t: torch.Tensor  # [B] int32, the exact context lengths (what kernels read on the device)
+    cu_query_lens: torch.Tensor   # [B + 1] int32, 0 then each sequence's end in the packed tokens
+    logits_indices: torch.Tensor  # [B] the packed index of each sequence's last token
+    decode_rows: list[DecodeRows] | None = None  # one-token rows by pages spanned (None if fewer than two)
+    input_ids: torch.Tensor | None = None        # [N] the tokens, when they came with the metadata
+    logits_at: torch.Tensor | None = None        # [S] packed indices whose logits are wanted (None: every token)
+    host: tuple = field(default=(), repr=False, compare=False)  # (page tables on the host,), for subset
+    subsets: dict = field(default_factory=dict, repr=False, compare=False)  # subset's, built once per tick
+
+    @property
+    def num_seqs(self) -> int: return len(self.query_lens)
+
+    def subset(self, seqs: list[int]) -> PagedBatch:
+        "The listed sequences alone, their tokens packed in the same order (for attention that treats them apart)."
+        if tuple(seqs) in self.subsets: return self.subsets[tuple(seqs)]
+        starts = [self.context_lens[i] - self.query_lens[i] for i in seqs]
+        tables = self.host[0][seqs] if self.host else self.page_tables[seqs]
+        batch = build_paged_batch(tables, starts, [self.query_lens[i] for i in seqs], self.page_size,
+                                  self.page_tables.device)
+        self.subsets[tuple(seqs)] = batch  # latent attention asks again in every layer
+        return batch
+
+
+def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Integer host tensors moved to `device` in ONE copy (none on the CPU): packed into one int64 buffer, pinned
+    on CUDA so that the copy is asynchronous, then cut back into views of their shapes and dtypes."""
+    if device.type == "cpu": return tensors
+    flat = torch.cat([t.reshape(-1).long() for t in tensors])
+    if device.type == "cuda": flat = flat.pin_memory()
+    moved = flat.to(device, non_blocking=True)
+    out, offset = [], 0
+    for t in tensors:
+        out.append(moved[offset:offset + t.numel()].view(t.shape).to(t.dtype))
+        offset += t.numel()
+    return out
+
+
+def _decode_groups(lens: list[int], contexts: list[int], page_size: int) -> list[tuple[int, list[int]]]:
+    "(pages spanned, rows) of the one-token rows, by pages spanned; none if fewer than two rows decode."
+    rows = [i for i, n in enumerate(lens) if n == 1]
+    if len(rows) < 2: return []
+    by_pages: dict[int, list[int]] = {}
+    for i in rows: by_pages.setdefault(pages_needed(contexts[i], page_size), []).append(i)
+    return sorted(by_pages.items())
+
+
+def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[int], page_size: int,
+                      device: torch.device | str | None = None, token_ids: list[int] | None = None,
+                      sampling: list[int] | None = None) -> PagedBatch:
+    """Metadata for sequences whose next lens[i] tokens start at position starts[i]. page_tables: [B, max_pages].
+    Every index is computed on the host from plain lists and moved to `device` (default: the tables') in one copy,
+    so that a GPU forward never waits for the host, nor the host for it. token_ids: the N tokens, moved with them;
+    sampling: the sequences whose last token gives logits (None: every token does, as in a decode-only tick)."""
+    device = torch.device(device) if device is not None else page_tables.device
+    tables = page_tables.cpu()
+    contexts = [s + n for s, n in zip(starts, lens)]
+    query_starts = [0, *accumulate(lens)]
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)])
+    owner = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))  # [N] sequence of each token
+    slots = tables[owner, positions // page_size] * page_size + positions % page_size
+    last = torch.tensor(query_starts[1:]) - 1
+    groups = _decode_groups(lens, contexts, page_size)
+    in_order = len(groups) == 1 and len(groups[0][1]) == len(lens)  # decode-only, one group: no reordering
+    host = [positions, slots, tables, torch.tensor(contexts, dtype=torch.int32),
+            torch.tensor(query_starts, dtype=torch.int32), last]
+    host += [torch.tensor(rows) for _, rows in groups]
+    if token_ids is not None: host.append(torch.tensor(token_ids))
+    if sampling is not None: host.append(last[sampling])
+    moved = to_device(host, device)
+    positions_d, slots_d, tables_d, contexts_d, cu_d, last_d = moved[:6]
+    rows_d = moved[6:6 + len(groups)]
+    extra = iter(moved[6 + len(groups):])
+    decode = [_decode_group(rows, n, rows_t, tables_d, contexts_d, contexts, last_d, page_size, in_order)
+              for (n, rows), rows_t in zip(groups, rows_d)]
+    return PagedBatch(positions_d, slots_d, tables_d, query_starts[:-1], list(lens), contexts, page_size,
+                      contexts_d, cu_d, last_d, decode or None,
+                      next(extra) if token_ids is not None else None, next(extra) if sampling is not None else None,
+                      host=(tables,))
+
+
+def _decode_group(rows: list[int], num_pages: int, rows_t: torch.Tensor, tables: torch.Tensor,
+                  contexts_t: torch.Tensor, contexts: list[int], last: torch.Tensor, page_size: int,
+                  in_order: bool) -> DecodeRows:
+    "One group's DecodeRows from device tensors: rows_t [R] (the rows), tables [B, P], contexts_t [B], last [B]."
+    longest = max(contexts[i] for i in rows)
+    lens = contexts_t if in_order else contexts_t[rows_t]
+    padding = torch.arange(longest, device=tables.device)[None, :] >= lens[:, None]
+    group_tables = tables if in_order else tables[rows_t]
+    return DecodeRows(rows, None if in_order else last[rows_t], group_tables[:, :pages_needed(longest, page_size)],
+                      longest, padding)
+
+
+def decode_graph_batch(positions: torch.Tensor, slots: torch.Tensor, page_tables: torch.Tensor,
+                       context_lens: torch.Tensor, page_size: int) -> PagedBatch:
+    """A decode-only batch of R rows made of device tensors alone, as a CUDA graph replays it: every row reads
+    page_tables' n pages ([R, n]), masked past its own context_lens [R]; the host lists hold only the bound n x page_size."""
+    R, n = page_tables.shape
+    bound, device = n * page_size, page_tables.device
+    rows = torch.arange(R, device=device)
+    padding = torch.arange(bound, device=device)[None, :] >= context_lens[:, None]
+    decode = [DecodeRows(list(range(R)), None, page_tables, bound, padding)]  # one row too: no host lengths
+    return PagedBatch(positions, slots, page_tables, list(range(R)), [1] * R, [bound] * R, page_size,
+                      context_lens.int(), torch.arange(R + 1, device=device, dtype=torch.int32), rows, decode)

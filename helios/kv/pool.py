@@ -14,12 +14,15 @@ from ..config import ModelConfig
 
 class KVPool:
     "K and V pages for every layer, laid out as the model's kv_layout: k [L, P, page_size, H, Dk], v likewise or None."
-    def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str):
-        layout = cfg.kv_layout
-        self.k = torch.zeros(cfg.num_layers, num_pages, page_size, layout.num_heads, layout.k_dim, dtype=dtype, device=device)
-        self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, num_pages, page_size, layout.num_heads,
+    def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str,
+                 scratch_page: bool = False):
+        layout, total = cfg.kv_layout, num_pages + scratch_page
+        self.k = torch.zeros(cfg.num_layers, total, page_size, layout.num_heads, layout.k_dim, dtype=dtype, device=device)
+        self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, total, page_size, layout.num_heads,
                                                         layout.v_dim, dtype=dtype, device=device)
         self.num_pages, self.page_size, self.v_dim = num_pages, page_size, layout.v_dim
+        # one page past the others that no sequence is ever given: where the rows that pad a CUDA graph's batch write
+        self.scratch_page = num_pages if scratch_page else None
 
     def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None):
         "Store k: [N, H, Dk] (and v: [N, H, Dv] unless the values live in the keys) at slots: [N]."
