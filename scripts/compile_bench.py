@@ -16,7 +16,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def measure(compile_: bool, repeats: int) -> dict:
 def report(data: dict) -> str:
     eager, compiled = data["eager"]["median"], data["compiled"]["median"]
     m = data["machine"]
-    lines = [f"# torch.compile of norms and MLPs: SmolLM2-135M, `torch` attention, PyTorch matmuls",
+    lines = ["# torch.compile of norms and MLPs: SmolLM2-135M, `torch` attention, PyTorch matmuls",
              "", f"{m['cpu']}, {m['cpus']} CPUs ({' '.join(m['flags'])}), torch {m['torch']}, {data['threads']} threads; "
              f"load average {data['load_before']} before, {data['load_after']} after; median of {data['repeats']} (range)",
              "", "| | eager | compiled | compiled / eager |", "| --- | --- | --- | --- |"]

@@ -1,7 +1,6 @@
 """The CUDA-graph runner (chapter 17) against the eager one, on a CPU: `EagerGraph` has a CUDA graph's interface
 (capture once, replay into the same output tensor), so buckets, static buffers, padding rows and the scratch page
 are what a GPU runs. And the forward's freedom from host reads, on PyTorch's meta device."""
-from functools import partial
 
 import pytest
 import torch
