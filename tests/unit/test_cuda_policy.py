@@ -42,3 +42,12 @@ def test_gathering_pages_off_the_cpu_never_reads_the_page_numbers():
         assert torch.equal(gather_pages(pool, table, 10), expected)
         with pytest.raises((RuntimeError, NotImplementedError)): int(table.to("meta")[0])  # what a host read would do
         assert gather_pages(pool.to("meta"), table.to("meta"), 10).shape == (10, 2, 3)
+
+
+def test_float32_pages_on_a_gpu_take_the_torch_backend():
+    "varlen_attn's kernels read float16/bfloat16 only: float32 on an sm90 GPU falls to `torch`, with the reason."
+    from helios.attention.base import choose_backend
+    from helios.config import tiny_qwen3
+    choice = choose_backend(tiny_qwen3(), torch.float32, GPU, capability=(9, 0))
+    assert choice.implementation.name == "torch"
+    assert any(r.startswith("varlen:") for r in choice.passed_over)
