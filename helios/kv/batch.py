@@ -108,15 +108,15 @@ def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[i
     positions_d, slots_d, tables_d, contexts_d, cu_d, last_d = moved[:6]
     rows_d = moved[6:6 + len(groups)]
     extra = iter(moved[6 + len(groups):])
-    decode = [_decode_group(rows, n, rows_t, tables_d, contexts_d, contexts, last_d, page_size, in_order)
-              for (n, rows), rows_t in zip(groups, rows_d)]
+    decode = [_decode_group(rows, rows_t, tables_d, contexts_d, contexts, last_d, page_size, in_order)
+              for (_, rows), rows_t in zip(groups, rows_d)]
     return PagedBatch(positions_d, slots_d, tables_d, query_starts[:-1], list(lens), contexts, page_size,
                       contexts_d, cu_d, last_d, decode or None,
                       next(extra) if token_ids is not None else None, next(extra) if sampling is not None else None,
                       host=(tables,))
 
 
-def _decode_group(rows: list[int], num_pages: int, rows_t: torch.Tensor, tables: torch.Tensor,
+def _decode_group(rows: list[int], rows_t: torch.Tensor, tables: torch.Tensor,
                   contexts_t: torch.Tensor, contexts: list[int], last: torch.Tensor, page_size: int,
                   in_order: bool) -> DecodeRows:
     "One group's DecodeRows from device tensors: rows_t [R] (the rows), tables [B, P], contexts_t [B], last [B]."
