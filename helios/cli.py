@@ -109,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
     bench.add_argument("--api-key", default=_env("API_KEY"))
     bench.add_argument("--workload", default="helios-30",
-                       choices=["helios-30", "prefix-share", "decode-16", "json-16", "chat-short", "prefix-spill"])
+                       choices=["helios-30", "prefix-share", "decode-16", "json-16", "chat-short", "prefix-spill", "seed-30"])
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
-    bench.add_argument("--max-concurrency", type=int, default=None)
+    bench.add_argument("--max-concurrency", type=int, default=None,
+                       help="client workers, each sending its next request when its last ends (default: the workload's; seed-30: 8)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--warmup", type=int, default=2, help="uncounted warm-up requests")
     bench.add_argument("--repeat", type=int, default=1, help="run the workload N times; report each metric's median")

@@ -47,7 +47,8 @@ def on_fresh_thread(fn: Callable[[], _T]) -> _T:
 # %% ../nbs/12_llm.ipynb #cce1acd6
 def matmul_summary(loaded: LoadedModel) -> str:
     "How the start-up line names the model's matmuls."
-    return loaded.matmul.implementation.summary if loaded.matmul else "PyTorch"
+    if loaded.matmul is None: return "PyTorch"
+    return getattr(loaded.matmul.value, "summary", None) or loaded.matmul.implementation.summary
 
 
 def attention_summary(engine: Engine) -> str:

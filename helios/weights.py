@@ -97,6 +97,7 @@ class LinearFactory(NamedTuple):
     "How a matmul implementation replaces a Linear: make(weight, bias) -> module (None: keep nn.Linear)."
     make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
     weight_dtype: torch.dtype | None  # how the replaced weights are stored (None: as loaded)
+    summary: str | None = None        # how the start-up line names what was built (None: the implementation's summary)
 
 
 def _replaceable(w) -> bool:

@@ -16,7 +16,7 @@ __all__ = ['bench_main']
 from .client import run_benchmark
 from .metrics import median_run, merge_runs
 from .report import compare_table, load_run, markdown_table, plot_runs, save_run
-from .workloads import WORKLOADS
+from .workloads import WORKLOAD_CONCURRENCY, WORKLOADS
 
 
 def bench_main(args) -> int:
@@ -38,9 +38,10 @@ def bench_main(args) -> int:
     forbid = sorted(tokenizer.eos_token_ids) if args.forbid_eos else []
     # repetition i cuts its prompts with seed + i: same shapes, new text, so no engine's prefix cache
     # serves a repetition from the one before
+    workers = args.max_concurrency or WORKLOAD_CONCURRENCY.get(args.workload)  # None: every request at once
     runs = [asyncio.run(run_benchmark(args.base_url, args.model, WORKLOADS[args.workload](tokenizer, args.seed + i),
                                       engine=args.engine, workload=args.workload, request_rate=args.request_rate,
-                                      max_concurrency=args.max_concurrency, seed=args.seed + i, warmup=args.warmup,
+                                      max_concurrency=workers, seed=args.seed + i, warmup=args.warmup,
                                       api_key=args.api_key, forbid_token_ids=forbid,
                                       config={"engine_flags": args.engine_flags}))
             for i in range(args.repeat)]

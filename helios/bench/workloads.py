@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'WORKLOADS', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16']
+__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'WORKLOADS', 'WORKLOAD_CONCURRENCY', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16', 'seed30']
 
 # %% ../../nbs/14_benchmark.ipynb #25a80683
 import functools
@@ -115,5 +115,11 @@ def json16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     return [RequestSpec("json-16", s.prompt, s.max_tokens, fmt) for s in decode16(tokenizer, seed)]
 
 
+def seed30(tokenizer, seed: int = 0) -> list[RequestSpec]:
+    "helios-30's thirty requests as the original engine's benchmark sent them: through 8 client workers (WORKLOAD_CONCURRENCY)."
+    return helios30(tokenizer, seed)
+
+
 WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16,
-             "chat-short": chat_short, "prefix-spill": prefix_spill}
+             "chat-short": chat_short, "prefix-spill": prefix_spill, "seed-30": seed30}
+WORKLOAD_CONCURRENCY = {"seed-30": 8}  # a workload's own closed loop of client workers, unless --max-concurrency says otherwise

@@ -45,21 +45,56 @@ def c_compiler() -> list[str] | None:
     return [path, *words[1:]] if path else None
 
 
-def isa_flags(capability: str | None = None) -> list[str]:
-    """The instruction sets to compile for, from what this CPU has as PyTorch found it at run time (it picks its own
-    kernels the same way): AVX2, FMA and F16C where it reports AVX2 or better; else the compiler's defaults."""
+ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "generic": (),
+}
+_ISA_OF_CAPABILITY = {"AVX512": "avx512", "AVX2": "avx2"}  # PyTorch's names; anything else: generic
+_ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma"}, "avx2": {"avx2", "fma", "f16c"}}
+
+
+def cpu_flags() -> frozenset[str] | None:
+    "The CPU's feature flags as Linux lists them in /proc/cpuinfo; None where there is no such file."
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((l for l in text.splitlines() if l.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_isa(capability: str | None = None, flags: frozenset[str] | None = None,
+            requested: str | None = None) -> str:
+    """The variant of the kernels this CPU runs: the widest that PyTorch's own run-time check (its capability,
+    AVX512 / AVX2 / DEFAULT) and the CPU's flags (where Linux lists them) both allow. $HELIOS_CPU_ISA (or
+    `requested`) picks a narrower one, to compare variants on one machine; one the CPU cannot run is refused."""
     capability = capability or torch.backends.cpu.get_cpu_capability()
-    return ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
+    flags = cpu_flags() if flags is None else flags
+    widest = _ISA_OF_CAPABILITY.get(capability, "generic")
+    while widest != "generic" and flags is not None and not _ISA_NEEDS[widest] <= flags:
+        widest = list(ISA_FLAGS)[list(ISA_FLAGS).index(widest) + 1]  # a flag missing: the next narrower one
+    requested = requested or os.environ.get("HELIOS_CPU_ISA") or widest
+    if requested not in ISA_FLAGS:
+        raise ValueError(f"HELIOS_CPU_ISA must be one of {', '.join(ISA_FLAGS)}, got {requested!r}")
+    if list(ISA_FLAGS).index(requested) < list(ISA_FLAGS).index(widest):
+        raise KernelUnavailable(f"HELIOS_CPU_ISA={requested}, but this CPU runs at most {widest}")
+    return requested
 
 
-def compile_flags() -> list[str]:
-    "Optimise, make a shared library, and use the instruction sets of isa_flags."
-    return ["-O3", "-shared", "-fPIC", "-Wno-psabi", *isa_flags()]
+def isa_flags(isa: str | None = None) -> list[str]:
+    "The compiler flags of a variant (None: cpu_isa's choice for this CPU)."
+    return list(ISA_FLAGS[isa or cpu_isa()])
+
+
+def compile_flags(isa: str | None = None) -> list[str]:
+    "Optimise, make a shared library, and use the instruction sets of the variant."
+    return ["-O3", "-shared", "-fPIC", "-Wno-psabi", *isa_flags(isa)]
 
 # %% auto #0
-__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler',
-           'isa_flags', 'compile_flags', 'translation_unit', 'source_files', 'build_library', 'build_kernels',
-           'load_built']
+__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'KernelUnavailable', 'kernel_cache_dir',
+           'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags', 'translation_unit', 'source_files',
+           'build_library', 'build_kernels', 'load_built']
 
 # %% ../../nbs/92_kernels.ipynb #k92006aa
 def translation_unit(sources: tuple[str, ...]) -> str:
@@ -76,9 +111,10 @@ def source_files(sources: tuple[str, ...], folder: Path = CSRC) -> list[Path]:
 
 
 def build_library(sources: tuple[str, ...], defines: tuple[str, ...] = (), cache_dir: Path | None = None,
-                  rebuild: bool = False, require_openmp: bool = False, folder: Path = CSRC) -> Path:
-    """The sources (file names in folder, CSRC by default) compiled as one shared library: built once, then taken
-    from the cache; without OpenMP if need be."""
+                  rebuild: bool = False, require_openmp: bool = False, folder: Path = CSRC,
+                  isa: str | None = None) -> Path:
+    """The sources (file names in folder, CSRC by default) compiled as one shared library in the variant isa (None:
+    this CPU's, from cpu_isa): built once, then taken from the cache; without OpenMP if need be."""
     compiler = c_compiler()
     if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
     inputs = source_files(sources, folder)
@@ -89,7 +125,7 @@ def build_library(sources: tuple[str, ...], defines: tuple[str, ...] = (), cache
         raise KernelUnavailable(f"no folder for built kernels ({e}); set HELIOS_CACHE_DIR to a writable folder")
     errors = []
     for openmp in (["-fopenmp"],) if require_openmp else (["-fopenmp"], []):
-        built = _build(sources, inputs, [*compiler, *compile_flags(), *openmp, f"-I{folder}", *defines], cache, rebuild)
+        built = _build(sources, inputs, [*compiler, *compile_flags(isa), *openmp, f"-I{folder}", *defines], cache, rebuild)
         if isinstance(built, Path): return built
         errors.append(built)
     raise KernelUnavailable("the C kernels did not compile:\n" + "\n".join(errors))
@@ -123,11 +159,11 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
 
 
 def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None, rebuild: bool = False,
-                  sources: tuple[str, ...] = LAYER_SOURCES) -> Path:
+                  sources: tuple[str, ...] = LAYER_SOURCES, isa: str | None = None) -> Path:
     "The per-model-shape library: the sources compiled with the head size, group size and KV heads as constants."
     if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
     defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
-    return build_library(sources, defines, cache_dir, rebuild)
+    return build_library(sources, defines, cache_dir, rebuild, isa=isa)
 
 
 def load_built(build, load):

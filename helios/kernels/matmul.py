@@ -32,13 +32,16 @@ def c_function(library: ctypes.CDLL, name: str, *argtypes, restype=None):
     return fn
 
 
-def matmul_kernel(cache_dir: Path | None = None):
-    """The C float16-weight matmul, as a ctypes function, or KernelUnavailable saying why not. Only with OpenMP:
-    on one thread it would be slower than PyTorch's matmuls, which use them all."""
-    lib = load_built(lambda rebuild: build_library(MATMUL_SOURCES, [], cache_dir, rebuild, require_openmp=True),
+def matmul_kernel(cache_dir: Path | None = None, isa: str | None = None):
+    """The C float16-weight matmul in the variant isa (None: this CPU's), as a ctypes function whose `isa` names the
+    variant it was built as (AVX-512, AVX2, generic); KernelUnavailable saying why not. Only with OpenMP: on one
+    thread it would be slower than PyTorch's matmuls, which use them all."""
+    lib = load_built(lambda rebuild: build_library(MATMUL_SOURCES, [], cache_dir, rebuild, require_openmp=True, isa=isa),
                      lambda library: ctypes.CDLL(str(library)))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    return c_function(lib, "matmul_f16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+    matmul = c_function(lib, "matmul_f16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+    matmul.isa = c_function(lib, "matmul_f16_isa", restype=ctypes.c_char_p)().decode()
+    return matmul
 
 
 class CHalfLinear(nn.Module):
@@ -72,7 +75,8 @@ def c_matmul(device: torch.device, exact: bool) -> LinearFactory:
     if not half_weights_available():
         raise NotApplicable("float16 weights are used only where fbgemm has them (x86 with AVX2)")
     matmul = matmul_kernel()
-    return LinearFactory(lambda weight, bias=None: CHalfLinear(weight, bias, matmul), torch.float16)
+    return LinearFactory(lambda weight, bias=None: CHalfLinear(weight, bias, matmul), torch.float16,
+                         f"C, float16 weights, {matmul.isa}")
 
 
 C_MATMUL = Implementation("matmul", "c", c_matmul, 30, "C, float16 weights")

@@ -7,7 +7,7 @@ from torch import nn
 
 from conftest import TEST_KV_BYTES
 from helios import LLM
-from helios.kernels.build import MATMUL_SOURCES, KernelUnavailable, build_library
+from helios.kernels.build import ISA_FLAGS, MATMUL_SOURCES, KernelUnavailable, build_library, cpu_isa
 from helios.kernels.matmul import CHalfLinear, matmul_kernel, weight_panels
 from helios.linears import HalfWeightLinear, PackedLinear, half_weights_available
 from helios.registry import choose
@@ -17,6 +17,17 @@ from kernel_support import builds, needs_kernels
 CPU = torch.device("cpu")
 
 needs_compiler = needs_kernels(builds(matmul_kernel))
+
+
+def runs_here(isa: str) -> bool:
+    "True when this CPU can run the variant isa."
+    try:
+        return cpu_isa(requested=isa) == isa
+    except KernelUnavailable:
+        return False
+
+
+VARIANTS = [isa for isa in ISA_FLAGS if runs_here(isa)]  # each variant tested on every machine that can run it
 
 
 def choose_matmul(name: str = "auto"):
@@ -33,14 +44,15 @@ def test_weight_panels_hold_16_outputs_per_step():
 
 
 @needs_compiler
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 16, 193, 400])  # every tile height, one and several row blocks
-@pytest.mark.parametrize("n_out, n_in", [(40, 24), (576, 576), (37, 101), (960, 576)])
-def test_c_matmul_equals_the_float16_weight_product(rows, n_out, n_in, threads):
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 16, 24, 25, 36, 193, 400])  # every tile height; row blocks
+@pytest.mark.parametrize("n_out, n_in", [(40, 24), (576, 576), (37, 101), (960, 576)])  # odd panels and steps
+def test_c_matmul_equals_the_float16_weight_product(isa, rows, n_out, n_in, threads):
     torch.set_num_threads(1 + rows % 3)
     gen = torch.Generator().manual_seed(rows * n_out)
     weight, bias = torch.randn(n_out, n_in, generator=gen) * 0.05, torch.randn(n_out, generator=gen)
     x = torch.randn(rows, n_in, generator=gen)
-    linear = CHalfLinear(weight, bias, matmul_kernel())
+    linear = CHalfLinear(weight, bias, matmul_kernel(isa=isa))
     exact = F.linear(x.double(), weight.half().double(), bias.double()).float()  # float16 weights, exact sums
     torch.testing.assert_close(linear(x), exact, atol=1e-4, rtol=1e-4)
     if half_weights_available():
@@ -65,12 +77,46 @@ def test_the_c_matmul_is_the_cpu_default_and_named_at_start_up(tiny_folder, monk
     with LLM(tiny_folder, device="cpu", kv_cache_bytes=TEST_KV_BYTES) as llm:
         linears = [m for m in llm.model.modules() if isinstance(m, (nn.Linear, HalfWeightLinear, CHalfLinear))]
         assert linears and all(isinstance(m, CHalfLinear) for m in linears)  # every layer's products and the head
-    assert "matmuls: C, float16 weights" in capsys.readouterr().err
+    names = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic"}
+    assert f"matmuls: C, float16 weights, {names[cpu_isa()]}" in capsys.readouterr().err  # the variant, named
     monkeypatch.setenv("HELIOS_MATMUL", "fbgemm" if half_weights_available() else "onednn")  # PyTorch's kernels only
     with LLM(tiny_folder, device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as llm:
         kind = HalfWeightLinear if half_weights_available() else PackedLinear
         assert any(isinstance(m, kind) for m in llm.model.modules())
         assert not any(isinstance(m, CHalfLinear) for m in llm.model.modules())
+
+
+AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"})
+
+
+def test_the_variant_is_the_widest_the_cpu_and_pytorch_both_allow(monkeypatch):
+    monkeypatch.delenv("HELIOS_CPU_ISA", raising=False)
+    assert cpu_isa("AVX512", AVX512_FLAGS) == "avx512"
+    assert cpu_isa("AVX512", AVX512_FLAGS - {"avx512bw"}) == "avx2"  # a flag the variant needs is missing
+    assert cpu_isa("AVX2", AVX512_FLAGS) == "avx2"                   # PyTorch found AVX2 only (or was told so)
+    assert cpu_isa("AVX512", frozenset({"sse4_2"})) == "generic"
+    assert cpu_isa("DEFAULT", AVX512_FLAGS) == "generic"
+    assert cpu_isa("AVX2", None) == "avx2"                           # no /proc/cpuinfo: PyTorch's word alone
+
+
+def test_helios_cpu_isa_picks_a_narrower_variant_and_refuses_a_wider_one(monkeypatch):
+    monkeypatch.setenv("HELIOS_CPU_ISA", "avx2")
+    assert cpu_isa("AVX512", AVX512_FLAGS) == "avx2"
+    assert cpu_isa("AVX512", AVX512_FLAGS, requested="generic") == "generic"  # an explicit argument wins
+    with pytest.raises(KernelUnavailable, match="HELIOS_CPU_ISA=avx2, but this CPU runs at most generic"):
+        cpu_isa("DEFAULT", AVX512_FLAGS)
+    monkeypatch.setenv("HELIOS_CPU_ISA", "avx1024")
+    with pytest.raises(ValueError, match="HELIOS_CPU_ISA must be one of avx512, avx2, generic, got 'avx1024'"):
+        cpu_isa("AVX512", AVX512_FLAGS)
+
+
+@needs_compiler
+def test_each_variant_says_what_it_was_built_as(tmp_path, monkeypatch):
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    names = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic"}
+    for isa in VARIANTS:
+        assert matmul_kernel(isa=isa).isa == names[isa]
+    assert len(list(tmp_path.rglob("*.so"))) == len(VARIANTS)  # one library per variant, side by side in the cache
 
 
 def test_no_compiler_falls_back_to_fbgemm_or_fails_when_asked(tmp_path, monkeypatch):

@@ -42,6 +42,21 @@ def test_bench_helios30_metrics_are_present_and_sane(tiny_server, tmp_path):
     assert run.machine["cpus"] >= 1 and run.config["num_requests"] == 30
 
 
+def test_seed30_runs_helios30_through_a_closed_loop_of_8_workers(tiny_server, tmp_path):
+    from helios.bench.report import load_run
+    out = tmp_path / "seed.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "seed-30", "--out", str(out),
+                  "--forbid-eos")
+    assert r.returncode == 0, r.stderr + r.stdout
+    run = load_run(out)
+    m = run.metrics["overall"]
+    assert m["completed"] == 30 and m["output_tokens"] == 10 * 16 + 10 * 128 + 10 * 64
+    assert run.config["max_concurrency"] == 8 and m["peak_concurrency"] == 8  # never more than the 8 workers
+    sends = sorted(rec.send_s for rec in run.records)
+    ends = sorted(rec.end_s for rec in run.records)
+    assert all(sends[8 + i] >= ends[i] for i in range(22))  # request 9 and later start only when one has ended
+
+
 def test_prefix_share_reports_cache_hits(tiny_server, tmp_path):
     from helios.bench.report import load_run
     out = tmp_path / "prefix.json"
