@@ -14,7 +14,8 @@
 #
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
 # computes on every core instead of keeping one for its scheduler; helios-base: Helios at the commit BASE_REV,
-# from a git worktree, to check a change against the code before it in the same run), WORKLOADS (helios-30 decode-16), THREADS (2),
+# from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
+# kernels in the AVX2 variant, to measure what AVX-512 is worth), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -23,7 +24,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
 OUT=${OUT:-$REPO/benchmarks/results}
 ENGINES=${ENGINES:-"helios vllm-fp32-all vllm-fp32 llama"}
-WORKLOADS=${WORKLOADS:-"helios-30 decode-16"}
+WORKLOADS=${WORKLOADS:-"helios-30 decode-16 seed-30"}
 THREADS=${THREADS:-2}
 REPEAT=${REPEAT:-3}
 PYTHON=${PYTHON:-python3.11}
@@ -123,6 +124,9 @@ for engine in $ENGINES; do
     helios)
       start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
+    helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
+      start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
+        env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
     helios-base)  # python -P: the working directory (perhaps this repository, the code under test) is not searched
       rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
       base=$PEERS/helios-$rev
