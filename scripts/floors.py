@@ -31,6 +31,7 @@ from helios.config import EngineConfig
 from helios.engine import Engine
 from helios.kernels.build import ISA_FLAGS, KernelUnavailable, cpu_isa
 from helios.kv.pages import pages_needed
+from helios.llm import matmul_summary
 from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
 
@@ -65,9 +66,8 @@ def runnable_variants() -> list[str]:
 
 
 def matmul_rate(model, rows: int = 512, repeats: int = 5) -> float:
-    "FLOP/s of the model's own widest linear (its MLP's gate/up product, as loaded) on `rows` rows, best of repeats."
-    linear = max((m for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")),
-                 key=lambda m: m.in_features * m.out_features if m.out_features < 10 ** 4 else 0)
+    "FLOP/s of the first layer's gate/up product, as loaded (the model's largest but the head), on `rows` rows, best of repeats."
+    linear = model.model.layers[0].mlp.gate_up_proj
     x, best = torch.randn(rows, linear.in_features), float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):
@@ -91,7 +91,6 @@ def measure_variant(isa: str, ids: list[int], repeat: int) -> dict:
         out = run_alone(loaded, tokenizer, ids[start:start + 2048], SamplingParams(temperature=0, max_tokens=1))
         rounds.append(dict(decode_tok_s=decode, prefill_tok_s=2048 / out.metrics.ttft_s, matmul_flop_s=matmul_rate(loaded.model)))
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    from helios.llm import matmul_summary
     return dict(isa=isa, matmuls=matmul_summary(loaded), params=params, weight_bytes=weight_bytes, rounds=rounds, median=median)
 
 

@@ -28,6 +28,7 @@ def runs_here(isa: str) -> bool:
 
 
 VARIANTS = [isa for isa in ISA_FLAGS if runs_here(isa)]  # each variant tested on every machine that can run it
+SHOWN_AS = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic"}  # how the start-up line names each variant
 
 
 def choose_matmul(name: str = "auto"):
@@ -77,8 +78,7 @@ def test_the_c_matmul_is_the_cpu_default_and_named_at_start_up(tiny_folder, monk
     with LLM(tiny_folder, device="cpu", kv_cache_bytes=TEST_KV_BYTES) as llm:
         linears = [m for m in llm.model.modules() if isinstance(m, (nn.Linear, HalfWeightLinear, CHalfLinear))]
         assert linears and all(isinstance(m, CHalfLinear) for m in linears)  # every layer's products and the head
-    names = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic"}
-    assert f"matmuls: C, float16 weights, {names[cpu_isa()]}" in capsys.readouterr().err  # the variant, named
+    assert f"matmuls: C, float16 weights, {SHOWN_AS[cpu_isa()]}" in capsys.readouterr().err  # the variant, named
     monkeypatch.setenv("HELIOS_MATMUL", "fbgemm" if half_weights_available() else "onednn")  # PyTorch's kernels only
     with LLM(tiny_folder, device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as llm:
         kind = HalfWeightLinear if half_weights_available() else PackedLinear
@@ -113,9 +113,8 @@ def test_helios_cpu_isa_picks_a_narrower_variant_and_refuses_a_wider_one(monkeyp
 @needs_compiler
 def test_each_variant_says_what_it_was_built_as(tmp_path, monkeypatch):
     monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
-    names = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic"}
     for isa in VARIANTS:
-        assert matmul_kernel(isa=isa).isa == names[isa]
+        assert matmul_kernel(isa=isa).isa == SHOWN_AS[isa]
     assert len(list(tmp_path.rglob("*.so"))) == len(VARIANTS)  # one library per variant, side by side in the cache
 
 
