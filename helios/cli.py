@@ -15,7 +15,7 @@ from typing import TextIO
 
 import torch
 
-from .config import KV_RESERVATIONS, EngineConfig
+from .config import KV_RESERVATIONS, PREFILL_ORDERS, EngineConfig
 from .distributed.launch import join_as_worker, rank_env
 from .registry import AUTO, implementation_names
 from .llm import LLM
@@ -45,6 +45,12 @@ def _add_engine_args(p: argparse.ArgumentParser):
     "Engine settings; unset ones fall back to HELIOS_* variables, then defaults (EngineConfig.from_env)."
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--prefill-chunk-size", type=int)
+    p.add_argument("--prefill-order", choices=PREFILL_ORDERS,
+                   help="which unfinished prompt gets a tick's prefill budget first: shortest-first (default: the fewest "
+                        "prompt tokens left, the lowest mean time to first token) or oldest-first [HELIOS_PREFILL_ORDER]")
+    p.add_argument("--prefill-overdue-s", type=float,
+                   help="a prompt waiting this long since it arrived goes first, oldest first (default 5) "
+                        "[HELIOS_PREFILL_OVERDUE_S]")
     p.add_argument("--page-size", type=int)
     p.add_argument("--kv-cache-bytes", type=byte_count, help="KV budget in bytes, e.g. 2e9")
     p.add_argument("--kv-reservation", choices=KV_RESERVATIONS,
@@ -103,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add per-request timings to every response unless its body says \"timings\": false "
                           "[HELIOS_RETURN_TIMINGS=1]")
     srv.add_argument("--log-level", default="warning")
+    srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
+                     help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
+                          "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")
     _add_model_args(srv); _add_engine_args(srv)
     bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)")
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
@@ -141,14 +150,14 @@ def _params(args) -> SamplingParams:
                           top_k=args.top_k, seed=args.seed)
 
 
-ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "page_size", "kv_cache_bytes", "kv_reservation", "kv_watermark",
-               "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul",
+ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size", "kv_cache_bytes",
+               "kv_reservation", "kv_watermark", "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul",
                "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile")
 
 
 def _load(args, quiet: bool = False) -> LLM:
     if args.threads: torch.set_num_threads(int(args.threads))
-    return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet,
+    return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet, warm_up=getattr(args, "warm_up", False),
                **{k: getattr(args, k) for k in ENGINE_ARGS})
 
 

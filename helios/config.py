@@ -19,9 +19,9 @@ from .registry import AUTO, KINDS, check_choice
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'ROUTER_SCORINGS', 'TOPK_METHODS', 'HF_DEFAULTS', 'PAGE_SIZE', 'PREFILL_AGING_S',
            'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION', 'DEFAULT_GPU_KV_OFFLOAD_BYTES',
-           'KV_RESERVATIONS', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale', 'YarnScaling', 'MoEConfig', 'MLAConfig',
-           'KVLayout', 'ModelConfig', 'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe',
-           'tiny_deepseek_v3', 'EngineConfig']
+           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale', 'YarnScaling', 'MoEConfig',
+           'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama',
+           'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "deepseek_v2", "deepseek_v3")
@@ -341,6 +341,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30 # KV budget on CPU when none is given: 2 Gi
 DEFAULT_GPU_MEMORY_FRACTION = 0.90   # on GPU: this share of the memory left after loading weights
 DEFAULT_GPU_KV_OFFLOAD_BYTES = 4 << 30  # host tier next to a GPU when none is given: 4 GiB of pinned memory
 KV_RESERVATIONS = ("on-demand", "full")  # pages for the prompt, a page more when decode fills one; or prompt + max_tokens
+PREFILL_ORDERS = ("shortest-first", "oldest-first")  # which unfinished prompt a tick's prefill budget goes to first
 
 ENV_PREFIX = "HELIOS_"
 
@@ -354,6 +355,8 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # None: DEFAULT_CPU_KV_CACHE_BYTES, or a fraction of free GPU memory
     kv_reservation: str = "on-demand"  # "on-demand" or "full" (KV_RESERVATIONS)
     kv_watermark: float = 0.01         # on-demand: share of the pool an admission leaves free for running decodes
+    prefill_order: str = "shortest-first"  # PREFILL_ORDERS: fewest prompt tokens left first, or oldest request first
+    prefill_overdue_s: float = 5.0     # a prompt waiting this long since it arrived goes first, oldest first
     kv_offload_bytes: int | None = None  # host tier for evicted prefix pages and preempted requests; None: 0 on CPU
     max_queue: int = 1024              # requests waiting for admission before new ones are refused
     prefix_cache_ttl_s: float = 300.0  # an unused cached prefix page lives this long
@@ -377,6 +380,10 @@ class EngineConfig:
             raise ValueError(f"kv_offload_bytes must be >= 0, got {self.kv_offload_bytes}")
         if self.kv_reservation not in KV_RESERVATIONS:
             raise ValueError(f"kv_reservation must be one of {', '.join(KV_RESERVATIONS)}, got {self.kv_reservation!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}")
+        if self.prefill_overdue_s < 0:
+            raise ValueError(f"prefill_overdue_s must be >= 0, got {self.prefill_overdue_s}")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if self.prefix_cache_ttl_s < 0:

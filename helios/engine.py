@@ -35,7 +35,7 @@ from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, E
                             RequestMetrics, RequestOutput, StreamEvent)
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
-from .scheduler import QueueFull, Scheduler, Sequence, TickPlan
+from .scheduler import QueueFull, ScheduledChunk, Scheduler, Sequence, TickPlan
 from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
                                append_token, fill_token_masks)
 from .tokenizer import Tokenizer
@@ -46,7 +46,7 @@ _log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ModelRunner', 'build_model_runner', 'compile_layers', 'weight_bytes',
            'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
-           'cache_report']
+           'warm_up_batch_sizes', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
@@ -223,6 +223,7 @@ class Engine:
         self._stopping = False
         self.failure: str | None = None  # why the engine stopped for good (a FatalEngineError), once it has
         self.on_failure: Callable[[str], None] | None = None  # told that reason, on the engine thread (the server exits)
+        self.warm_up_s: float | None = None  # seconds start(warm_up=True) spent warming up
         self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
                               num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
                               num_constrained_rows=0, grammar_mask_s=0.0)
@@ -470,11 +471,19 @@ class Engine:
             self._end(req, error=f"the engine failed while running this request: {message.strip().splitlines()[-1]}")
 
     # ---- the worker thread ----
-    def start(self) -> Engine:
-        "Run ticks on a background thread until shutdown()."
+    def start(self, warm_up: bool = False) -> Engine:
+        "Run ticks on a background thread until shutdown(); warm_up: first run `warm_up_forwards` there, and return when it is done."
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="helios-engine", daemon=True)
+            warmed: Future = Future()
+            def run():
+                try: warmed.set_result(warm_up_forwards(self) if warm_up else None)
+                except Exception as e:  # noqa: BLE001 (the caller of start() gets it)
+                    warmed.set_exception(e)
+                    return
+                self._loop()
+            self._thread = threading.Thread(target=run, name="helios-engine", daemon=True)
             self._thread.start()
+            self.warm_up_s = warmed.result()
         return self
 
     def _busy(self) -> bool: return self.scheduler.has_work or not self._inbox.empty()
@@ -547,6 +556,43 @@ def validate_logit_bias(params: SamplingParams, vocab_size: int):
     bad = [t for t, _ in params.logit_bias if t >= vocab_size]
     if bad:
         raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+# %% ../nbs/11_engine.ipynb #e11warm02
+def warm_up_batch_sizes(max_batch_size: int) -> list[int]:
+    "The decode batch sizes a warm-up runs: 1, 2, 4, ... below max_batch_size, then max_batch_size."
+    return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
+
+
+def warm_up_forwards(engine: Engine) -> float:
+    """A cold prompt chunk, a prefix-hit chunk and a decode tick per batch size, through the engine's runner, on
+    the calling thread, with pages taken from the pool and given back. Returns the seconds it took."""
+    started = time.perf_counter()
+    runner, pages, config, page_size = engine.runner, engine.pages, engine.config, engine.config.page_size
+    vocab = engine.model.config.vocab_size
+
+    def sequence(n: int, pages_: list[int]) -> Sequence:
+        seq = Sequence(next(engine._seq_ids), "warm-up", [(7 * i + 1) % vocab for i in range(n)], 1, 0.0, page_size)
+        seq.page_table = pages_
+        return seq
+
+    def forward(chunks: list[ScheduledChunk]):
+        runner.run(TickPlan(chunks))
+        for c in chunks: runner.release(c.seq)
+
+    n = min(config.prefill_chunk_size, (pages.num_free_pages - 1) * page_size, engine.scheduler.max_request_tokens - 1)
+    if n > 0:  # a cold prompt chunk, then (when it filled a page) a prompt continuing on that page
+        cold = sequence(n, pages.take(pages_needed(n, page_size)))
+        forward([ScheduledChunk(cold, 0, cold.prompt_ids, True)])
+        if n >= page_size and pages.num_free_pages:
+            hit = sequence(page_size + 1, cold.page_table[:1] + pages.take(1))
+            forward([ScheduledChunk(hit, page_size, hit.prompt_ids[page_size:], True)])
+            pages.release(hit.page_table[1:])
+        pages.release(cold.page_table)
+    for batch_size in warm_up_batch_sizes(min(config.max_batch_size, pages.num_free_pages)):
+        rows = [sequence(1, pages.take(1)) for _ in range(batch_size)]
+        forward([ScheduledChunk(s, 0, s.prompt_ids, True, True) for s in rows])
+        for s in rows: pages.release(s.page_table)
+    return time.perf_counter() - started
 
 # %% ../nbs/11_engine.ipynb #da792466
 def cache_report(pages: PageManager, now: float) -> CacheReport:

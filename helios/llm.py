@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
-from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput
+from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput, warm_up_batch_sizes
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -99,14 +99,16 @@ class LLM:
                  device: str | torch.device = "auto", *, max_batch_size: int | None = None,
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, kv_reservation: str | None = None, kv_watermark: float | None = None,
+                 prefill_order: str | None = None, prefill_overdue_s: float | None = None,
                  kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
                  matmul: str | None = None, tensor_parallel_size: int | None = None,
                  pipeline_parallel_size: int | None = None, executor: str | None = None, runner: str | None = None,
-                 compile: bool | None = None, quiet: bool = False):
+                 compile: bool | None = None, warm_up: bool = False, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
+            prefill_order=prefill_order, prefill_overdue_s=prefill_overdue_s,
             kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor,
@@ -121,7 +123,14 @@ class LLM:
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
                   f"attention: {attention_summary(self.engine)}; matmuls: {matmul_summary(loaded)}; {runner_summary(self.engine)}"
                   + (f"; {launch.summary}" if self.engine_config.world_size > 1 else ""), file=sys.stderr)
-        self.engine.start()
+        try: self.engine.start(warm_up=warm_up)
+        except BaseException:
+            self.engine.shutdown()  # a failed warm-up: its worker processes (chapter 16) stop too
+            raise
+        if warm_up and not quiet:
+            print(f"helios: warmed up in {self.engine.warm_up_s:.1f} s (a cold and a prefix-hit prompt chunk, "
+                  f"a decode tick at each of {len(warm_up_batch_sizes(self.engine_config.max_batch_size))} batch sizes)",
+                  file=sys.stderr)
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
         self._finalizer.atexit = False
         atexit.register(self._finalizer)  # at exit: before the hooks PyTorch registered when it was imported

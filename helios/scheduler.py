@@ -251,11 +251,16 @@ class Scheduler:
         seq.page_table, seq.swapped_pages = table + self.pages.take(extra), None
         return True
 
+    def _prefill_priority(self, seq: Sequence, now: float) -> tuple:
+        "Sort key of an unfinished prompt: overdue ones first (oldest first), then aged, then the rest; in each, the order."
+        overdue = now - seq.arrival_s >= self.config.prefill_overdue_s
+        aged = now - seq.waiting_since_s >= PREFILL_AGING_S
+        by_size = self.config.prefill_order == "shortest-first" and not overdue
+        return (not overdue, not aged, seq.num_prefill_tokens_left if by_size else 0, seq.arrival_s, seq.seq_id)
+
     def _plan_prefill(self, budget: int, now: float) -> list[ScheduledChunk]:
-        prompts = [s for s in self.running if s.is_prefilling]
-        aged = lambda s: now - s.waiting_since_s >= PREFILL_AGING_S
-        prompts.sort(key=lambda s: (not aged(s), s.arrival_s))  # aged first; oldest request first in each group
-        if budget <= 0 and prompts and aged(prompts[0]):
+        prompts = sorted((s for s in self.running if s.is_prefilling), key=lambda s: self._prefill_priority(s, now))
+        if budget <= 0 and any(now - s.waiting_since_s >= PREFILL_AGING_S for s in prompts):
             budget = math.ceil(self.config.prefill_chunk_size * AGED_PREFILL_SHARE)
         chunks = []
         for seq in prompts:

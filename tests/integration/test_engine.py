@@ -80,6 +80,17 @@ def test_chunk_invariance(llm, chunk_case, chunk):
         assert_same_or_near_tie(llm.model, prompt, out.token_ids, exp)
 
 
+@pytest.mark.parametrize("order", ["shortest-first", "oldest-first"])
+def test_prefill_order_invariance(llm, chunk_case, order):
+    "Whichever prompt a tick's budget goes to first, each request gets the tokens it gets alone."
+    prompts, expected = chunk_case
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = run_engine(llm, prompts[::-1], params, max_batch_size=3, prefill_chunk_size=64, prefill_order=order,
+                      enable_prefix_caching=False)
+    for prompt, out, exp in zip(prompts[::-1], outs, expected[::-1]):
+        assert_same_or_near_tie(llm.model, prompt, out.token_ids, exp)
+
+
 @pytest.mark.slow
 def test_prefix_cache_invariance(smollm2_llm_factory):
     on = smollm2_llm_factory(max_batch_size=4)

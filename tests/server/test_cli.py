@@ -42,3 +42,31 @@ def test_kv_memory_flags():
     for bad in (["--kv-reservation", "lazy"], ["--kv-offload-bytes", "-1"], ["--kv-cache-bytes", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", *bad])
+
+
+def test_prefill_order_and_warm_up_flags(monkeypatch):
+    from helios.cli import build_parser
+    args = build_parser().parse_args(["serve", "--prefill-order", "oldest-first", "--prefill-overdue-s", "2.5", "--no-warm-up"])
+    assert (args.prefill_order, args.prefill_overdue_s, args.warm_up) == ("oldest-first", 2.5, False)
+    assert build_parser().parse_args(["serve"]).warm_up
+    monkeypatch.setenv("HELIOS_WARM_UP", "0")
+    assert not build_parser().parse_args(["serve"]).warm_up
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--prefill-order", "random"])
+
+
+def test_serve_warms_up_before_it_listens_and_counts_nothing():
+    from _server import Server
+    server = Server("--max-batch-size", "4", api_key=None)
+    try:
+        for name in ("helios:engine_ticks", "helios:prompt_tokens_total", "helios:prefix_cache_queries",
+                     "helios:kv_pages_used", "helios:kv_pages_cached"):
+            assert server.metric(name) == 0, name
+        assert server.metric("helios:kv_pages_free") == server.metric("helios:kv_pages_total")
+        reply = server.client().completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                                   max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens == 4
+    finally:
+        assert server.stop() == 0
+    log = server.proc.stdout.read()
+    assert "helios: warmed up in" in log and log.index("warmed up") < log.index("serving"), log

@@ -9,9 +9,10 @@ from helios.scheduler import QueueFull, RequestTooLarge, Scheduler, Sequence
 _ids = iter(range(10**6))
 
 
-def make(max_batch_size=4, prefill_chunk_size=8, num_pages=16, max_queue=8, max_model_len=1000, kv_reservation="on-demand"):
+def make(max_batch_size=4, prefill_chunk_size=8, num_pages=16, max_queue=8, max_model_len=1000, kv_reservation="on-demand",
+         **settings):
     cfg = EngineConfig(max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=4,
-                       max_queue=max_queue, kv_reservation=kv_reservation)
+                       max_queue=max_queue, kv_reservation=kv_reservation, **settings)
     return Scheduler(cfg, PageManager(num_pages, 4, PrefixCache(60)), max_model_len)
 
 
@@ -50,7 +51,7 @@ def test_decode_first_then_prefill_oldest_first():
 
 
 def test_aging_rule_moves_a_waiting_prompt_first():
-    s = make(prefill_chunk_size=8)
+    s = make(prefill_chunk_size=8, prefill_order="oldest-first")
     a, b = seq(40, t=0.0), seq(6, t=0.001)
     s.add([a, b])
     p = s.schedule(0.0); advance(s, p, 0.0)
@@ -71,6 +72,46 @@ def test_aged_prompts_go_oldest_first_not_round_robin():
         assert [x.seq for x in p.chunks if not x.samples or x.start < x.seq.num_prompt_tokens] == [a]
         advance(s, p, now)
     assert not a.is_prefilling and b.num_computed_tokens == 0
+
+
+def test_shortest_prompt_first_ties_to_the_oldest():
+    s = make(prefill_chunk_size=8, num_pages=32)
+    long, mid, short, twin = seq(20, t=0.0), seq(6, t=0.1), seq(3, t=0.2), seq(3, t=0.3)
+    s.add([long, mid, short, twin])
+    p = s.schedule(0.3)
+    assert [(x.seq, x.num_tokens) for x in p.chunks] == [(short, 3), (twin, 3), (mid, 2)]
+    advance(s, p, 0.3)
+    p = s.schedule(0.4)  # two decodes, then mid's last 4 (fewer left than long's 20), then long
+    assert [(x.seq, x.num_tokens) for x in p.chunks if not x.is_decode] == [(mid, 4), (long, 2)]
+
+
+def test_oldest_first_order_is_fifo():
+    s = make(prefill_chunk_size=8, num_pages=32, prefill_order="oldest-first")
+    long, short = seq(20, t=0.0), seq(3, t=0.1)
+    s.add([long, short])
+    assert [(x.seq, x.num_tokens) for x in s.schedule(0.1).chunks] == [(long, 8)]
+
+
+def first_chunk_of_a_long_prompt(overdue_s: float, ticks: int = 10) -> float | None:
+    "Two 8-token prompts arrive every 0.5 s tick, each able to take the 8-token budget: when does a 24-token one start?"
+    s = make(prefill_chunk_size=8, num_pages=128, max_batch_size=64, max_queue=64, prefill_overdue_s=overdue_s)
+    long = seq(24, t=0.0)
+    s.add([long])
+    started = None
+    for tick in range(ticks):
+        now = 0.5 * tick
+        s.add([seq(8, max_tokens=1, t=now), seq(8, max_tokens=1, t=now)])
+        plan = s.schedule(now)
+        if started is None and any(x.seq is long for x in plan.chunks): started = now
+        advance(s, plan, now)
+        for x in plan.chunks:
+            if x.samples and x.seq is not long: s.finish(x.seq)
+    return started
+
+
+def test_overdue_prompt_goes_first_however_long():
+    assert first_chunk_of_a_long_prompt(overdue_s=2.0) == 2.0   # shorter aged prompts first until it is overdue
+    assert first_chunk_of_a_long_prompt(overdue_s=1e9) is None  # without the bound it would starve
 
 
 def test_aged_prompt_moves_even_when_decodes_use_the_budget():
