@@ -150,8 +150,9 @@ def _params(args) -> SamplingParams:
                           top_k=args.top_k, seed=args.seed)
 
 
-ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size", "kv_cache_bytes",
-               "kv_reservation", "kv_watermark", "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s", "enable_prefix_caching", "attention", "matmul",
+ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size",
+               "kv_cache_bytes", "kv_reservation", "kv_watermark", "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s",
+               "enable_prefix_caching", "attention", "matmul",
                "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile")
 
 

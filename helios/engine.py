@@ -46,7 +46,7 @@ _log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ModelRunner', 'build_model_runner', 'compile_layers', 'weight_bytes',
            'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
-           'warm_up_batch_sizes', 'warm_up_forwards', 'cache_report']
+           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #a891566e
 class ModelRunner:
@@ -223,7 +223,7 @@ class Engine:
         self._stopping = False
         self.failure: str | None = None  # why the engine stopped for good (a FatalEngineError), once it has
         self.on_failure: Callable[[str], None] | None = None  # told that reason, on the engine thread (the server exits)
-        self.warm_up_s: float | None = None  # seconds start(warm_up=True) spent warming up
+        self.warm_up: WarmUp | None = None  # what start(warm_up=True) ran, and how long it took
         self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
                               num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
                               num_constrained_rows=0, grammar_mask_s=0.0)
@@ -483,7 +483,7 @@ class Engine:
                 self._loop()
             self._thread = threading.Thread(target=run, name="helios-engine", daemon=True)
             self._thread.start()
-            self.warm_up_s = warmed.result()
+            self.warm_up = warmed.result()
         return self
 
     def _busy(self) -> bool: return self.scheduler.has_work or not self._inbox.empty()
@@ -563,10 +563,21 @@ def warm_up_batch_sizes(max_batch_size: int) -> list[int]:
     return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
 
 
-def warm_up_forwards(engine: Engine) -> float:
+@dataclass(frozen=True)
+class WarmUp:
+    "What a warm-up ran: the tokens of each forward's chunks, (start, tokens) per row, and the seconds it took."
+    forwards: tuple[tuple[tuple[int, int], ...], ...]
+    seconds: float
+
+    @property
+    def decode_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(len(f) for f in self.forwards if all(n == 1 and start == 0 for start, n in f))
+
+
+def warm_up_forwards(engine: Engine) -> WarmUp:
     """A cold prompt chunk, a prefix-hit chunk and a decode tick per batch size, through the engine's runner, on
-    the calling thread, with pages taken from the pool and given back. Returns the seconds it took."""
-    started = time.perf_counter()
+    the calling thread, with pages taken from the pool and given back."""
+    started, ran = time.perf_counter(), []
     runner, pages, config, page_size = engine.runner, engine.pages, engine.config, engine.config.page_size
     vocab = engine.model.config.vocab_size
 
@@ -578,6 +589,7 @@ def warm_up_forwards(engine: Engine) -> float:
     def forward(chunks: list[ScheduledChunk]):
         runner.run(TickPlan(chunks))
         for c in chunks: runner.release(c.seq)
+        ran.append(tuple((c.start, c.num_tokens) for c in chunks))
 
     n = min(config.prefill_chunk_size, (pages.num_free_pages - 1) * page_size, engine.scheduler.max_request_tokens - 1)
     if n > 0:  # a cold prompt chunk, then (when it filled a page) a prompt continuing on that page
@@ -592,7 +604,7 @@ def warm_up_forwards(engine: Engine) -> float:
         rows = [sequence(1, pages.take(1)) for _ in range(batch_size)]
         forward([ScheduledChunk(s, 0, s.prompt_ids, True, True) for s in rows])
         for s in rows: pages.release(s.page_table)
-    return time.perf_counter() - started
+    return WarmUp(tuple(ran), time.perf_counter() - started)
 
 # %% ../nbs/11_engine.ipynb #da792466
 def cache_report(pages: PageManager, now: float) -> CacheReport:

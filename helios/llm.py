@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
-from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput, warm_up_batch_sizes
+from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -128,9 +128,9 @@ class LLM:
             self.engine.shutdown()  # a failed warm-up: its worker processes (chapter 16) stop too
             raise
         if warm_up and not quiet:
-            print(f"helios: warmed up in {self.engine.warm_up_s:.1f} s (a cold and a prefix-hit prompt chunk, "
-                  f"a decode tick at each of {len(warm_up_batch_sizes(self.engine_config.max_batch_size))} batch sizes)",
-                  file=sys.stderr)
+            done = self.engine.warm_up
+            print(f"helios: warmed up in {done.seconds:.1f} s (a cold and a prefix-hit prompt chunk, a decode tick at "
+                  f"batch sizes {', '.join(map(str, done.decode_batch_sizes))})", file=sys.stderr)
         self._finalizer = weakref.finalize(self, self.engine.shutdown)  # on garbage collection
         self._finalizer.atexit = False
         atexit.register(self._finalizer)  # at exit: before the hooks PyTorch registered when it was imported

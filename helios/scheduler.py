@@ -112,6 +112,11 @@ class TickPlan:
     def __bool__(self) -> bool: return bool(self.chunks)
 
 # %% ../nbs/10_scheduler.ipynb #850579ed
+def _aged(seq: Sequence, now: float) -> bool:
+    "The aging rule: it has waited PREFILL_AGING_S since admission or its last prefill chunk."
+    return now - seq.waiting_since_s >= PREFILL_AGING_S
+
+
 class RequestTooLarge(ValueError):
     "A request that can never fit the KV budget or the model's context."
 
@@ -254,13 +259,12 @@ class Scheduler:
     def _prefill_priority(self, seq: Sequence, now: float) -> tuple:
         "Sort key of an unfinished prompt: overdue ones first (oldest first), then aged, then the rest; in each, the order."
         overdue = now - seq.arrival_s >= self.config.prefill_overdue_s
-        aged = now - seq.waiting_since_s >= PREFILL_AGING_S
         by_size = self.config.prefill_order == "shortest-first" and not overdue
-        return (not overdue, not aged, seq.num_prefill_tokens_left if by_size else 0, seq.arrival_s, seq.seq_id)
+        return (not overdue, not _aged(seq, now), seq.num_prefill_tokens_left if by_size else 0, seq.arrival_s, seq.seq_id)
 
     def _plan_prefill(self, budget: int, now: float) -> list[ScheduledChunk]:
         prompts = sorted((s for s in self.running if s.is_prefilling), key=lambda s: self._prefill_priority(s, now))
-        if budget <= 0 and any(now - s.waiting_since_s >= PREFILL_AGING_S for s in prompts):
+        if budget <= 0 and any(_aged(s, now) for s in prompts):
             budget = math.ceil(self.config.prefill_chunk_size * AGED_PREFILL_SHARE)
         chunks = []
         for seq in prompts:

@@ -10,39 +10,25 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from helios.bench.metrics import machine_info, probe_machine
 from helios.kernels.build import cpu_flags, cpu_isa
+from kv_memory_bench import HeliosServer  # a sibling script: `helios serve` on a free port, ready when it returns
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 300.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None: sys.exit(f"helios serve exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2): return
-        except OSError: time.sleep(0.5)
-    sys.exit(f"helios serve was not ready after {timeout_s:.0f} s")
-
-
-def run_one(order: str, chunk: int, threads: int, port: int, seed: int, workload: str) -> dict:
+def run_one(order: str, chunk: int, threads: int, seed: int, workload: str, logs: Path) -> dict:
     "Serve with one setting, bench once, stop; the run's overall metrics and the load around it."
-    serve = ["helios", "serve", "--port", str(port), "--threads", str(threads), "--max-batch-size", "32",
-             "--prefill-order", order, "--prefill-chunk-size", str(chunk)]
-    with subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
-        try:
-            wait_ready(f"http://127.0.0.1:{port}/health", server)
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "run.json"
-                subprocess.run(["helios", "bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--workload", workload,
-                                "--seed", str(seed), "--engine", f"helios {order} {chunk}", "--out", str(out)],
-                               check=True, stdout=subprocess.DEVNULL)
-                run = json.loads(out.read_text())
-        finally:
-            server.terminate()
+    flags = ["--threads", str(threads), "--max-batch-size", "32", "--prefill-order", order, "--prefill-chunk-size", str(chunk)]
+    server = HeliosServer(flags, logs / f"{order}.{chunk}.{seed}.server.log")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "run.json"
+            subprocess.run(["helios", "bench", "--base-url", server.url + "/v1", "--workload", workload, "--seed", str(seed),
+                            "--engine", f"helios {order} {chunk}", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+            run = json.loads(out.read_text())
+    finally:
+        server.stop()
     return {"order": order, "chunk": chunk, "seed": seed, "overall": run["metrics"]["overall"],
             "load_average": run["machine"]["load_average"][0], "load_average_after": run["machine"]["load_average_after"][0]}
 
@@ -55,9 +41,9 @@ def main():
     p.add_argument("--chunks", default="256,512,1024")
     p.add_argument("--orders", default="shortest-first,oldest-first")
     p.add_argument("--workload", default="helios-30")
-    p.add_argument("--port", type=int, default=8311)
     args = p.parse_args()
     out = Path(args.out); out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="ttft-policy-"))  # the servers' logs, outside the results
     summary = {"command": " ".join(["python", "scripts/ttft_policy.py", *sys.argv[1:]]), "workload": args.workload,
                "probe": probe_machine(threads=args.threads, seconds=2.0), "machine": machine_info(),
                "cpu_flags": sorted(f for f in cpu_flags() or () if f.startswith(("avx", "amx", "fma", "f16c"))),
@@ -65,7 +51,7 @@ def main():
     for round_ in range(args.repeat):  # fresh prompts each round (the seed), settings in a fixed order within it
         for chunk in map(int, args.chunks.split(",")):
             for order in args.orders.split(","):
-                run = run_one(order, chunk, args.threads, args.port, seed=round_ + 1, workload=args.workload)
+                run = run_one(order, chunk, args.threads, seed=round_ + 1, workload=args.workload, logs=logs)
                 summary["runs"].append(run)
                 o = run["overall"]
                 print(f"round {round_ + 1} {order:>14} chunk {chunk:>4}: TTFT p50 {o['ttft_p50_s']:.2f} s p95 "
