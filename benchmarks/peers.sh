@@ -15,7 +15,8 @@
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
 # computes on every core instead of keeping one for its scheduler; helios-base: Helios at the commit BASE_REV,
 # from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
-# kernels in the AVX2 variant, to measure what AVX-512 is worth), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
+# kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram:
+# n-gram speculative decoding, for WORKLOADS=copy-8), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -124,6 +125,9 @@ for engine in $ENGINES; do
     helios)
       start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
+    helios-ngram)  # speculative decoding: n-gram drafts (chapter 09a); measured on copy-8 against vllm-*-ngram
+      start_server helios-ngram "$port" "helios serve --threads $THREADS --max-batch-size 32 --speculative ngram (4 tokens, n-grams 2-4)" \
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --speculative ngram ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
       start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
         env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
@@ -134,15 +138,18 @@ for engine in $ENGINES; do
       start_server "helios-$rev" "$port" "helios serve at $rev --threads $THREADS --max-batch-size 32" \
         env PYTHONPATH="$base" python -P -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
         serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
-    vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all)
+    vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all|vllm-bf16-all-ngram|vllm-fp32-all-ngram)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
       # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)
       install_vllm; dir=$(hf_folder); dtype=$([ "${engine#vllm-bf16}" != "$engine" ] && echo bfloat16 || echo float32)
       reserve=(); threads="default threads: one core kept for the scheduler"
-      [ "${engine%-all}" != "$engine" ] && reserve=(VLLM_CPU_NUM_OF_RESERVED_CPU=0) threads="VLLM_CPU_NUM_OF_RESERVED_CPU=0: compute on every core"
+      base=${engine%-ngram}; spec=()
+      [ "${base%-all}" != "$base" ] && reserve=(VLLM_CPU_NUM_OF_RESERVED_CPU=0) threads="VLLM_CPU_NUM_OF_RESERVED_CPU=0: compute on every core"
+      [ "$base" != "$engine" ] && spec=(--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}') \
+        threads="$threads, n-gram speculation (4 tokens, n-grams 2-4)"
       VLLM_CPU_KVCACHE_SPACE=2 start_server "$engine" "$port" "vllm-cpu 0.32.0 --dtype $dtype, VLLM_CPU_KVCACHE_SPACE=2, $threads" \
         env "${reserve[@]}" "$PEERS/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$dir" --host 127.0.0.1 \
-        --port "$port" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 ;;
+        --port "$port" --dtype "$dtype" --served-model-name "$NAME" --max-model-len 8192 "${spec[@]}" ;;
     llama)
       build_llama_server
       # -c is shared by the slots: 16 x 1,024 tokens, enough for the longest request (512 + 16)

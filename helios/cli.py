@@ -15,7 +15,8 @@ from typing import TextIO
 
 import torch
 
-from .config import KV_RESERVATIONS, PREFILL_ORDERS, EngineConfig
+from .bench.workloads import WORKLOADS
+from .config import KV_RESERVATIONS, PREFILL_ORDERS, SPECULATIVE_METHODS, EngineConfig
 from .distributed.launch import join_as_worker, rank_env
 from .registry import AUTO, implementation_names
 from .llm import LLM
@@ -51,6 +52,13 @@ def _add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--prefill-overdue-s", type=float,
                    help="a prompt waiting this long since it arrived goes first, oldest first (default 5) "
                         "[HELIOS_PREFILL_OVERDUE_S]")
+    p.add_argument("--speculative", choices=SPECULATIVE_METHODS,
+                   help="off (default), or ngram: each decode drafts the tokens that followed the latest earlier occurrence "
+                        "of its last few tokens and verifies them in the same forward; the tokens do not change "
+                        "[HELIOS_SPECULATIVE]")
+    p.add_argument("--speculative-tokens", type=int, help="tokens a decode drafts at most per tick (default 4)")
+    p.add_argument("--speculative-ngram-min", type=int, help="shortest suffix a draft's lookup matches (default 2)")
+    p.add_argument("--speculative-ngram-max", type=int, help="longest suffix, tried first (default 4)")
     p.add_argument("--page-size", type=int)
     p.add_argument("--kv-cache-bytes", type=byte_count, help="KV budget in bytes, e.g. 2e9")
     p.add_argument("--kv-reservation", choices=KV_RESERVATIONS,
@@ -118,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
     bench.add_argument("--api-key", default=_env("API_KEY"))
     bench.add_argument("--workload", default="helios-30",
-                       choices=["helios-30", "prefix-share", "decode-16", "json-16", "chat-short", "prefix-spill", "seed-30"])
+                       choices=list(WORKLOADS))
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None,
                        help="client workers, each sending its next request when its last ends (default: the workload's; seed-30: 8)")
@@ -153,7 +161,8 @@ def _params(args) -> SamplingParams:
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size",
                "kv_cache_bytes", "kv_reservation", "kv_watermark", "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s",
                "enable_prefix_caching", "attention", "matmul",
-               "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile")
+               "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile", "speculative",
+               "speculative_tokens", "speculative_ngram_min", "speculative_ngram_max")
 
 
 def _load(args, quiet: bool = False) -> LLM:

@@ -19,9 +19,9 @@ from .registry import AUTO, KINDS, check_choice
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'ROUTER_SCORINGS', 'TOPK_METHODS', 'HF_DEFAULTS', 'PAGE_SIZE', 'PREFILL_AGING_S',
            'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION', 'DEFAULT_GPU_KV_OFFLOAD_BYTES',
-           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale', 'YarnScaling', 'MoEConfig',
-           'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf', 'load_hf_config', 'tiny_qwen3', 'tiny_llama',
-           'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
+           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale',
+           'YarnScaling', 'MoEConfig', 'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf', 'load_hf_config',
+           'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "deepseek_v2", "deepseek_v3")
@@ -342,6 +342,7 @@ DEFAULT_GPU_MEMORY_FRACTION = 0.90   # on GPU: this share of the memory left aft
 DEFAULT_GPU_KV_OFFLOAD_BYTES = 4 << 30  # host tier next to a GPU when none is given: 4 GiB of pinned memory
 KV_RESERVATIONS = ("on-demand", "full")  # pages for the prompt, a page more when decode fills one; or prompt + max_tokens
 PREFILL_ORDERS = ("shortest-first", "oldest-first")  # which unfinished prompt a tick's prefill budget goes to first
+SPECULATIVE_METHODS = ("off", "ngram")  # drafting tokens for a decode to verify in one forward (chapter 09a)
 
 ENV_PREFIX = "HELIOS_"
 
@@ -368,6 +369,10 @@ class EngineConfig:
     executor: str = AUTO               # how the ranks run: auto, local (one process), multiprocess (chapter 16)
     runner: str = AUTO                 # how a tick's forward runs: auto, eager, cuda-graphs (decode ticks; chapter 17)
     compile: bool = False              # torch.compile each layer's norms and MLP (chapter 17 measures when it pays)
+    speculative: str = "off"           # SPECULATIVE_METHODS: off, or ngram (drafts from the request's own tokens)
+    speculative_tokens: int = 4        # tokens a decode drafts at most per tick
+    speculative_ngram_min: int = 2     # the shortest suffix of the sequence a draft's lookup matches
+    speculative_ngram_max: int = 4     # the longest (tried first)
 
     def __post_init__(self):
         for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue", "tensor_parallel_size",
@@ -384,6 +389,13 @@ class EngineConfig:
             raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}")
         if self.prefill_overdue_s < 0:
             raise ValueError(f"prefill_overdue_s must be >= 0, got {self.prefill_overdue_s}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
+        for name in ("speculative_tokens", "speculative_ngram_min"):
+            if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.speculative_ngram_max < self.speculative_ngram_min:
+            raise ValueError(f"speculative_ngram_max must be >= speculative_ngram_min ({self.speculative_ngram_min}), "
+                             f"got {self.speculative_ngram_max}")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if self.prefix_cache_ttl_s < 0:

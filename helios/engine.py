@@ -35,7 +35,8 @@ from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, E
                             RequestMetrics, RequestOutput, StreamEvent)
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
-from .scheduler import QueueFull, ScheduledChunk, Scheduler, Sequence, TickPlan
+from .scheduler import QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
+from .speculative import NgramDrafter
 from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
                                append_token, fill_token_masks)
 from .tokenizer import Tokenizer
@@ -80,14 +81,16 @@ class ModelRunner:
         rows = [self._row(c.seq) for c in plan.chunks]
         used = max(pages_needed(c.start + c.num_tokens, self.page_size) for c in plan.chunks)
         sampling = [i for i, c in enumerate(plan.chunks) if c.samples]
-        every_token = len(sampling) == sum(c.num_tokens for c in plan.chunks)  # decode-only: all, in order
+        num_logits = [plan.chunks[i].num_logits for i in sampling]  # a drafting decode: at each of its tokens
+        every_token = sum(num_logits) == plan.num_tokens  # decode-only (drafts included): all, in order
         return build_paged_batch(self.page_table_buffer[rows, :used], [c.start for c in plan.chunks],
                                  [c.num_tokens for c in plan.chunks], self.page_size, self.device,
-                                 [t for c in plan.chunks for t in c.token_ids], None if every_token else sampling)
+                                 [t for c in plan.chunks for t in c.token_ids], None if every_token else sampling,
+                                 None if every_token else num_logits)
 
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
-        "Logits [num sampling chunks, vocab] (float32), in plan order; timer: time attention (chapter 15)."
+        "Logits [sum of the chunks' num_logits, vocab] (float32), in plan order; timer: time attention (chapter 15)."
         batch = self.batch(plan)
         kv = PagedKV(self.kv, batch, self.backend, timer)
         logits = self.model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=self.backend.run_layer)
@@ -303,13 +306,17 @@ class Engine:
                            num_recompute_tokens=sched.num_recompute_tokens, num_prompt_tokens=sched.num_prompt_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
                            kv_bytes_to_host=copier.bytes_to_host if copier else 0,
                            kv_bytes_to_device=copier.bytes_to_device if copier else 0,
-                           kv_copy_s=copier.seconds if copier else 0.0)
+                           kv_copy_s=copier.seconds if copier else 0.0,
+                           num_draft_tokens=sched.num_draft_tokens, num_accepted_tokens=sched.num_accepted_tokens)
 
     def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
         "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
-        n, seed = req.params.n, req.params.seed
+        n, seed, cfg = req.params.n, req.params.seed, self.config
+        drafts = cfg.speculative == "ngram" and req.params.grammar is None  # a grammar's masks go one token at a time
         seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
-                         req.metrics.arrival_s, self.config.page_size) for _ in range(n)]
+                         req.metrics.arrival_s, cfg.page_size,
+                         drafter=NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max) if drafts else None)
+                for _ in range(n)]
         completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
         generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
         return seqs, completions, generators
@@ -435,33 +442,52 @@ class Engine:
         return out
 
     def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
+        """Sample and stream each sampling chunk's token. A drafting decode then goes on to its next logits row
+        while its token equals the draft's (chapter 09a's rule), and keeps the drafted tokens that held."""
         chunks = [c for c in plan.chunks if c.samples]
         if not chunks: return
-        owners = [self._seq_owner[c.seq.seq_id] for c in chunks]
         masks = pending_masks.result() if pending_masks else None
         if masks:
             self._counters["num_constrained_rows"] += len(masks.rows)
             self._counters["grammar_mask_s"] += masks.seconds
-        sampled = self._sample(logits, chunks, owners, masks)
-        now = time.monotonic()
-        for chunk, (req, i), token in zip(chunks, owners, sampled):
-            if chunk.seq.seq_id not in self._seq_owner: continue  # its request already ended during this tick
-            if isinstance(token, Exception):
-                self._fail_request(req, "sampling its next token", token)
-                continue
-            chunk.seq.output_ids.append(token.token_id)
-            self._counters["num_generated_tokens"] += 1
-            if req.metrics.first_token_s is None: req.metrics.first_token_s = now
-            completion = req.completions[i]
-            delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
-            if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
-                stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
-                self._fail_request(req, stage, delta)
-                continue
-            req.handle._push(StreamEvent(i, delta, [token.token_id], token.logprobs))
-            if completion.finished:
-                self._retire(chunk.seq, now)
-                if req.finished: self._end(req)
+        first_row = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))  # each chunk's, in logits
+        going, accepted, position = list(range(len(chunks))), [0] * len(chunks), 0
+        while going:
+            if position: going = [j for j in going if chunks[j].seq.seq_id in self._seq_owner]  # (a request ended)
+            rows = [first_row[j] + position for j in going]
+            group = [chunks[j] for j in going]
+            sampled = self._sample(logits if len(rows) == len(logits) else logits[rows], group,
+                                   [self._seq_owner[c.seq.seq_id] for c in group], None if position else masks)
+            now = time.monotonic()
+            going = [j for j, token in zip(going, sampled) if self._emit(chunks[j], token, now)
+                     and position < chunks[j].num_draft_tokens and token.token_id == chunks[j].draft_ids[position]]
+            for j in going: accepted[j] += 1
+            position += 1
+        for chunk, n in zip(chunks, accepted):
+            if chunk.num_draft_tokens and chunk.seq.status is SeqStatus.RUNNING: self.scheduler.accept_draft(chunk.seq, n)
+
+    def _emit(self, chunk: ScheduledChunk, token: SampledToken | Exception, now: float) -> bool:
+        "Append a sampled token to its sequence and completion and stream it; False once the sequence has ended."
+        if chunk.seq.seq_id not in self._seq_owner: return False  # its request already ended during this tick
+        req, i = self._seq_owner[chunk.seq.seq_id]
+        if isinstance(token, Exception):
+            self._fail_request(req, "sampling its next token", token)
+            return False
+        chunk.seq.output_ids.append(token.token_id)
+        self._counters["num_generated_tokens"] += 1
+        if req.metrics.first_token_s is None: req.metrics.first_token_s = now
+        completion = req.completions[i]
+        delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
+        if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
+            stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
+            self._fail_request(req, stage, delta)
+            return False
+        req.handle._push(StreamEvent(i, delta, [token.token_id], token.logprobs))
+        if completion.finished:
+            self._retire(chunk.seq, now)
+            if req.finished: self._end(req)
+            return False
+        return True
 
     def _fail(self, plan: TickPlan, message: str):
         "The forward raised: fail the requests of this tick, keep serving the rest."

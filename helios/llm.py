@@ -60,12 +60,15 @@ def attention_summary(engine: Engine) -> str:
 
 def runner_summary(engine: Engine) -> str:
     """How the start-up line names the runner: its graphs' capture (chapter 17), or eager, with why graphs were
-    passed over on a GPU; and torch.compile's time when it is on."""
+    passed over on a GPU; torch.compile's time when it is on; and speculative decoding when it is on."""
     report = getattr(engine.runner, "capture_report", None)
     text = f"runner: {report.describe()}" if report else "runner: eager"
     if report is None and engine.runner.device.type == "cuda" and engine.runner_passed_over:
         text += f" ({'; '.join(engine.runner_passed_over)})"
-    return text + (f"; compiled in {engine.compile_s:.1f} s" if engine.compile_s is not None else "")
+    cfg = engine.config
+    drafts = (f"; speculative: ngram ({cfg.speculative_tokens} tokens, n-grams {cfg.speculative_ngram_min}"
+              f"-{cfg.speculative_ngram_max})" if cfg.speculative == "ngram" else "")
+    return text + (f"; compiled in {engine.compile_s:.1f} s" if engine.compile_s is not None else "") + drafts
 
 
 class Launch(NamedTuple):
@@ -104,7 +107,9 @@ class LLM:
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
                  matmul: str | None = None, tensor_parallel_size: int | None = None,
                  pipeline_parallel_size: int | None = None, executor: str | None = None, runner: str | None = None,
-                 compile: bool | None = None, warm_up: bool = False, quiet: bool = False):
+                 compile: bool | None = None, speculative: str | None = None, speculative_tokens: int | None = None,
+                 speculative_ngram_min: int | None = None, speculative_ngram_max: int | None = None,
+                 warm_up: bool = False, quiet: bool = False):
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
@@ -112,7 +117,8 @@ class LLM:
             kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor,
-            runner=runner, compile=compile)
+            runner=runner, compile=compile, speculative=speculative, speculative_tokens=speculative_tokens,
+            speculative_ngram_min=speculative_ngram_min, speculative_ngram_max=speculative_ngram_max)
         launch = on_fresh_thread(lambda: self._build(model, dtype, device))
         loaded, self.tokenizer, self.engine = launch.loaded, launch.tokenizer, launch.engine
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s

@@ -182,6 +182,8 @@ class EngineStats:
     kv_bytes_to_host: int = 0
     kv_bytes_to_device: int = 0
     kv_copy_s: float = 0.0            # engine-thread seconds of copies between the tiers
+    num_draft_tokens: int = 0         # tokens decodes drafted (speculative decoding, chapter 09a)
+    num_accepted_tokens: int = 0      # of which the model confirmed: each one a token without a forward of its own
 
 # %% ../nbs/11_engine.ipynb #a9545cb6
 class CacheTotals(NamedTuple):

@@ -18,6 +18,7 @@ from .config import PREFILL_AGING_S, EngineConfig
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.prefix_cache import PrefixMatch, prompt_block_hashes
+from .speculative import NgramDrafter
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Sequence:
     num_preemptions: int = 0
     swapped_pages: list[int] | None = None  # while preempted by swapping: the host pages holding its computed tokens
     recompute_until: int = 0       # after a preemption that dropped its tokens: how many it had computed
+    drafter: NgramDrafter | None = None  # proposes the tokens its decodes draft (None: it never drafts)
 
     def __post_init__(self):
         self.block_hashes = prompt_block_hashes(self.prompt_ids, self.page_size)
@@ -92,10 +94,19 @@ class ScheduledChunk:
     start: int              # position of the first token (= tokens already in the pool)
     token_ids: list[int]
     samples: bool           # it ends at the sequence's newest token, so a next token is sampled
-    is_decode: bool = False # the one newest token of a sequence past its prefill
+    is_decode: bool = False # the newest token of a sequence past its prefill (and its draft, if any)
+    num_draft_tokens: int = 0  # a decode's guessed tokens after its newest one (speculative decoding)
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
+
+    @property
+    def draft_ids(self) -> list[int]: return self.token_ids[self.num_tokens - self.num_draft_tokens:]
+
+    @property
+    def num_logits(self) -> int:
+        "Tokens whose logits the engine needs: none, the last one, or a drafting decode's every token."
+        return 1 + self.num_draft_tokens if self.samples else 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = self.num_swapped = 0
         self.num_prompt_tokens = self.num_recompute_tokens = 0  # prompt tokens computed once; tokens computed again
+        self.num_draft_tokens = self.num_accepted_tokens = 0    # tokens decodes drafted; those the model confirmed
 
     @property
     def max_request_tokens(self) -> int:
@@ -167,9 +179,35 @@ class Scheduler:
         "Give every decode the page it needs (preempting if none is left), admit what fits, then plan this tick's tokens."
         preempted = self._grow_decodes() if self.on_demand else []
         if not preempted: self._admit(now)  # pages just freed by preemption go to the sequences that were running
-        decodes = [ScheduledChunk(s, s.num_computed_tokens, s.output_ids[-1:], True, True)
-                   for s in self.running if not s.is_prefilling]
-        return TickPlan(decodes + self._plan_prefill(self.config.prefill_chunk_size - len(decodes), now), tuple(preempted))
+        decodes = self._decodes()
+        budget = self.config.prefill_chunk_size - sum(c.num_tokens for c in decodes)
+        return TickPlan(decodes + self._plan_prefill(budget, now), tuple(preempted))
+
+    def _decodes(self) -> list[ScheduledChunk]:
+        "Each running decode's newest token, and behind it the draft it makes with what the budget leaves."
+        seqs = [s for s in self.running if not s.is_prefilling]
+        spare = self.config.prefill_chunk_size - len(seqs)  # a draft never takes a decode's own token
+        chunks = []
+        for seq in seqs:
+            draft = self._draft(seq, spare) if seq.drafter and spare > 0 else []
+            spare -= len(draft)
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, seq.output_ids[-1:] + draft, True, True, len(draft)))
+        return chunks
+
+    def _draft(self, seq: Sequence, budget: int) -> list[int]:
+        "Its drafter's proposal, cut to speculative_tokens, budget, max_tokens and the pages it holds or may take."
+        k = min(self.config.speculative_tokens, budget, seq.max_tokens - len(seq.output_ids) - 1)
+        draft = seq.drafter.propose(seq.prompt_ids, seq.output_ids, k)
+        page_size, end = self.pages.page_size, seq.num_computed_tokens + 1  # the decode's own token fits (_grow_decodes)
+        more = pages_needed(end + len(draft), page_size) - len(seq.page_table)
+        if more > 0 and self.on_demand and self.pages.num_available() - more >= len(self.running):
+            seq.page_table += self.pages.take(more)  # while every running sequence can still take a page
+        return draft[:len(seq.page_table) * page_size - end]
+
+    def accept_draft(self, seq: Sequence, num_accepted: int):
+        "After verification: the first num_accepted drafted tokens were right, so their keys and values count."
+        self.num_accepted_tokens += num_accepted
+        seq.num_computed_tokens += num_accepted
 
     def _grow_decodes(self) -> list[Sequence]:
         "A new page for each decode whose pages are full, oldest request first; the newest running sequence yields when none is left."
@@ -280,7 +318,8 @@ class Scheduler:
         for chunk in plan.chunks:
             seq = chunk.seq
             start, end = chunk.start, chunk.start + chunk.num_tokens
-            seq.num_computed_tokens = end
+            seq.num_computed_tokens = end - chunk.num_draft_tokens  # drafted tokens count once accepted
+            self.num_draft_tokens += chunk.num_draft_tokens
             if not chunk.is_decode: seq.waiting_since_s = now
             self.num_recompute_tokens += max(0, min(end, seq.recompute_until) - start)
             self.num_prompt_tokens += max(0, min(end, seq.num_prompt_tokens) - max(start, seq.recompute_until))

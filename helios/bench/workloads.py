@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'WORKLOADS', 'WORKLOAD_CONCURRENCY', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16', 'seed30']
+__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'COPY_INSTRUCTION', 'WORKLOADS', 'WORKLOAD_CONCURRENCY', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16', 'seed30', 'copy8']
 
 # %% ../../nbs/14_benchmark.ipynb #25a80683
 import functools
@@ -120,6 +120,17 @@ def seed30(tokenizer, seed: int = 0) -> list[RequestSpec]:
     return helios30(tokenizer, seed)
 
 
+COPY_INSTRUCTION = "Repeat the following text exactly, word for word:"
+
+
+def copy8(tokenizer, seed: int = 0, num_requests: int = 8, passage_tokens: int = 192,
+          max_tokens: int = 128) -> list[RequestSpec]:
+    "Chat requests whose answer repeats its input: a 192-token passage to copy back word for word, 128 tokens out."
+    ids, rng = tokenizer.encode(real_text()), random.Random(seed)
+    return [RequestSpec("copy-8", f"{COPY_INSTRUCTION}\n\n" + text_of_tokens(tokenizer, ids, rng.randrange(len(ids)),
+                        passage_tokens), max_tokens, chat=True) for _ in range(num_requests)]
+
+
 WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16,
-             "chat-short": chat_short, "prefix-spill": prefix_spill, "seed-30": seed30}
-WORKLOAD_CONCURRENCY = {"seed-30": 8}  # a workload's own closed loop of client workers, unless --max-concurrency says otherwise
+             "chat-short": chat_short, "prefix-spill": prefix_spill, "seed-30": seed30, "copy-8": copy8}
+WORKLOAD_CONCURRENCY = {"seed-30": 8, "copy-8": 2}  # a workload's own closed loop of client workers (--max-concurrency overrides)

@@ -14,7 +14,7 @@ from itertools import accumulate
 import torch
 
 from ..attention.base import AttentionBackend, PagedKV, Timer
-from ..kv.batch import build_paged_batch
+from ..kv.batch import build_paged_batch, logit_indices
 from ..kv.pool import KVPool
 from ..model.attention import rope_cos_sin
 from ..model.qwen3 import CausalLM
@@ -31,7 +31,7 @@ class TickInputs:
     token_ids: torch.Tensor    # [T] int64, the chunks' tokens packed
     starts: list[int]          # [n] position of each chunk's first token
     lengths: list[int]         # [n] tokens per chunk
-    samples: list[bool]        # [n] does the chunk's last token sample
+    num_logits: list[int]      # [n] the chunk's last tokens whose logits rank 0 needs (0: it does not sample)
     page_tables: torch.Tensor  # [n, P] int64, each chunk's pages (padded with 0)
     micro_batches: list[range] # consecutive chunk ranges, run one after another through the stages
 
@@ -40,7 +40,7 @@ class TickInputs:
         n, m = len(self.lengths), len(self.micro_batches)
         bounds = [0, *(r.stop for r in self.micro_batches)]
         header = torch.tensor([TICK, n, len(self.token_ids), self.page_tables.shape[1], m])
-        payload = torch.cat([torch.tensor(self.starts + self.lengths + [int(s) for s in self.samples] + bounds),
+        payload = torch.cat([torch.tensor(self.starts + self.lengths + self.num_logits + bounds),
                              self.token_ids, self.page_tables.flatten()])
         return header, payload
 
@@ -51,7 +51,7 @@ class TickInputs:
         bounds = small[3 * n:]
         tables = payload[3 * n + m + 1 + num_tokens:].view(n, num_pages)
         return cls(payload[3 * n + m + 1:3 * n + m + 1 + num_tokens], small[:n], small[n:2 * n],
-                   [bool(s) for s in small[2 * n:3 * n]], tables, [range(a, b) for a, b in zip(bounds, bounds[1:])])
+                   small[2 * n:3 * n], tables, [range(a, b) for a, b in zip(bounds, bounds[1:])])
 
 
 def split_micro_batches(lengths: list[int], parts: int) -> list[range]:
@@ -110,7 +110,7 @@ class StageRunner:
         return None if logits is None else logits[0]
 
     def run(self, inputs: TickInputs, timer: Timer | None = None) -> torch.Tensor | None:
-        "The tick's logits [sampling chunks, vocab] on rank 0 (None on the other ranks)."
+        "The tick's logits [sum of num_logits, vocab] on rank 0 (None on the other ranks)."
         L, world = self.layout, self.groups.world
         offsets = [0, *accumulate(inputs.lengths)]
         outs, pending = [], []
@@ -118,9 +118,10 @@ class StageRunner:
             a, b = chunks.start, chunks.stop
             batch = build_paged_batch(inputs.page_tables[a:b].to(self.device), inputs.starts[a:b],
                                       inputs.lengths[a:b], self.kv.page_size)
-            sampling = [i - a for i in chunks if inputs.samples[i]]
-            every_token = len(sampling) == offsets[b] - offsets[a]
-            rows = None if every_token else batch.logits_indices[sampling].to(self.device)
+            sampling = [i - a for i in chunks if inputs.num_logits[i]]
+            num_logits = [inputs.num_logits[i] for i in chunks if inputs.num_logits[i]]
+            every_token = sum(num_logits) == offsets[b] - offsets[a]
+            rows = None if every_token else logit_indices(batch.logits_indices, sampling, num_logits).to(self.device)
             x = None
             if not L.first_stage:
                 x = world.recv(torch.empty(1, offsets[b] - offsets[a], self.hidden_size, dtype=self.dtype,
@@ -136,7 +137,7 @@ class StageRunner:
         if L.rank != 0: return None
         if not L.last_stage:  # rank 0 runs the first stage: the logits come from the last one
             for j, chunks in enumerate(inputs.micro_batches):
-                k = sum(inputs.samples[i] for i in chunks)
+                k = sum(inputs.num_logits[i] for i in chunks)
                 if k: outs.append((j, world.recv(torch.empty(k, self.vocab_size, device=self.device),
                                                  L.last_stage_root, LOGITS_TAG + j)))
         return torch.cat([y for _, y in outs]) if outs else torch.empty(0, self.vocab_size, device=self.device)

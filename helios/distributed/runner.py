@@ -65,7 +65,7 @@ class ParallelRunner:
         for i, c in enumerate(chunks): tables[i, :len(c.seq.page_table)] = torch.tensor(c.seq.page_table)
         lengths = [c.num_tokens for c in chunks]
         return TickInputs(torch.tensor([t for c in chunks for t in c.token_ids]), [c.start for c in chunks], lengths,
-                          [c.samples for c in chunks], tables, split_micro_batches(lengths, self.micro_batches))
+                          [c.num_logits for c in chunks], tables, split_micro_batches(lengths, self.micro_batches))
 
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DecodeRows', 'PagedBatch', 'to_device', 'build_paged_batch', 'decode_graph_batch']
+__all__ = ['DecodeRows', 'PagedBatch', 'to_device', 'logit_indices', 'build_paged_batch', 'decode_graph_batch']
 
 # %% ../../nbs/08_paged_pool.ipynb #40ce8ebc
 from dataclasses import dataclass, field
@@ -82,13 +82,22 @@ def _decode_groups(lens: list[int], contexts: list[int], page_size: int) -> list
     return sorted(by_pages.items())
 
 
+def logit_indices(last: torch.Tensor, sampling: list[int], num_logits: list[int] | None = None) -> torch.Tensor:
+    "Packed indices [S] of the sampling sequences' last num_logits[j] tokens each (one each when None). last: [B]."
+    ends = last[sampling]
+    if num_logits is None or not sampling: return ends  # (a tick of prompt chunks that all go on: none)
+    return torch.cat([torch.arange(end - n + 1, end + 1) for end, n in zip(ends.tolist(), num_logits)])
+
+
 def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[int], page_size: int,
                       device: torch.device | str | None = None, token_ids: list[int] | None = None,
-                      sampling: list[int] | None = None) -> PagedBatch:
+                      sampling: list[int] | None = None, num_logits: list[int] | None = None) -> PagedBatch:
     """Metadata for sequences whose next lens[i] tokens start at position starts[i]. page_tables: [B, max_pages].
     Every index is computed on the host from plain lists and moved to `device` (default: the tables') in one copy,
     so that a GPU forward never waits for the host, nor the host for it. token_ids: the N tokens, moved with them;
-    sampling: the sequences whose last token gives logits (None: every token does, as in a decode-only tick)."""
+    sampling: the sequences whose last token gives logits (None: every token does, as in a decode-only tick);
+    num_logits: how many of each sampling sequence's last tokens give logits (None: one each; a decode verifying a
+    draft of k tokens needs k + 1, chapter 11)."""
     device = torch.device(device) if device is not None else page_tables.device
     tables = page_tables.cpu()
     contexts = [s + n for s, n in zip(starts, lens)]
@@ -103,7 +112,7 @@ def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[i
             torch.tensor(query_starts, dtype=torch.int32), last]
     host += [torch.tensor(rows) for _, rows in groups]
     if token_ids is not None: host.append(torch.tensor(token_ids))
-    if sampling is not None: host.append(last[sampling])
+    if sampling is not None: host.append(logit_indices(last, sampling, num_logits))
     moved = to_device(host, device)
     positions_d, slots_d, tables_d, contexts_d, cu_d, last_d = moved[:6]
     rows_d = moved[6:6 + len(groups)]

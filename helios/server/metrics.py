@@ -90,6 +90,8 @@ class _EngineCollector:
         yield counter("helios:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", s.prefix_queried_tokens)
         yield counter("helios:prefix_cache_hits", "Prompt tokens found in the prefix cache", s.prefix_hit_tokens)
         yield counter("helios:engine_ticks", "Engine ticks run", s.num_ticks)
+        yield counter("helios:spec_decode_draft_tokens", "Tokens decodes drafted (speculative decoding)", s.num_draft_tokens)
+        yield counter("helios:spec_decode_accepted_tokens", "Drafted tokens the model confirmed", s.num_accepted_tokens)
         yield counter("helios:request_cancelled", "Requests cancelled (the client went away)", s.num_requests_cancelled)
         yield counter("helios:request_aborted", "Requests ended unfinished by a shutdown", s.num_requests_aborted)
         yield counter("helios:constrained_rows", "Sampled rows masked by a grammar (structured output, forced tool calls)",

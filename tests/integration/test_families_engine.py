@@ -56,3 +56,14 @@ def test_a_pool_too_small_preempts_and_still_gives_the_same_tokens(family):
     outs, stats = run(model, tokenizer, num_pages=12, kv_offload_bytes=host)
     assert [o.token_ids for o in outs] == alone
     assert stats.num_preemptions > 0
+
+
+def test_speculative_decoding_gives_the_same_tokens(family):
+    "n-gram drafts verified in the packed forward, on a pool that also preempts: still each request's tokens alone."
+    name, model, tokenizer = family
+    alone = [generate(model, p, GREEDY.max_tokens) for p in prompts()]
+    host = 12 * PAGE * model.config.kv_bytes_per_token(4)
+    outs, stats = run(model, tokenizer, num_pages=12, kv_offload_bytes=host, speculative="ngram",
+                      speculative_ngram_min=1)
+    assert [o.token_ids for o in outs] == alone
+    assert stats.num_draft_tokens > 0 and stats.num_preemptions > 0

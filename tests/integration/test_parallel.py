@@ -61,6 +61,16 @@ def test_a_small_pool_preempts_and_keeps_the_tokens(tmp_path, smollm2_gguf):
         assert llm.stats().num_pages == 10 and llm.stats().num_preemptions > 0
 
 
+def test_drafting_decodes_verify_across_ranks(tmp_path, smollm2_gguf):
+    "Speculative decoding over two stages of two ranks: each drafting decode's logits at every token come back."
+    folder = with_smollm2_tokenizer(save_tiny("qwen3_untied", tmp_path, vocab_size=VOCAB), smollm2_gguf)
+    with LLM(folder, **SETTINGS) as one: alone = generate(one)
+    with LLM(folder, tensor_parallel_size=2, pipeline_parallel_size=2, speculative="ngram", speculative_ngram_min=1,
+             **SETTINGS) as llm:
+        assert generate(llm) == alone
+        assert llm.stats().num_draft_tokens > 0
+
+
 def test_sizes_that_do_not_divide_fail_before_any_process_starts(tmp_path, smollm2_gguf, monkeypatch):
     folder = with_smollm2_tokenizer(save_tiny("qwen3_untied", tmp_path, vocab_size=VOCAB), smollm2_gguf)
     def no_processes(method): raise AssertionError("a worker process was about to start")

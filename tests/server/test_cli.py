@@ -55,6 +55,19 @@ def test_prefill_order_and_warm_up_flags(monkeypatch):
         build_parser().parse_args(["serve", "--prefill-order", "random"])
 
 
+def test_speculative_flags_reach_the_engine_config():
+    from helios.cli import ENGINE_ARGS, build_parser
+    from helios.config import EngineConfig
+    args = build_parser().parse_args(["serve", "--speculative", "ngram", "--speculative-tokens", "6",
+                                      "--speculative-ngram-min", "1", "--speculative-ngram-max", "3"])
+    config = EngineConfig.from_env({}, **{k: getattr(args, k) for k in ENGINE_ARGS})
+    assert (config.speculative, config.speculative_tokens, config.speculative_ngram_min, config.speculative_ngram_max) == \
+        ("ngram", 6, 1, 3)
+    assert build_parser().parse_args(["serve"]).speculative is None  # unset: HELIOS_SPECULATIVE, then off
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--speculative", "eagle"])
+
+
 def test_serve_warms_up_before_it_listens_and_counts_nothing():
     from _server import Server
     server = Server("--max-batch-size", "4", api_key=None)
@@ -70,3 +83,23 @@ def test_serve_warms_up_before_it_listens_and_counts_nothing():
         assert server.stop() == 0
     log = server.proc.stdout.read()
     assert "helios: warmed up in" in log and log.index("warmed up") < log.index("serving"), log
+
+
+def test_serve_with_speculative_decoding_streams_the_same_text():
+    "`helios serve --speculative ngram`: the official client streams the text it gets without drafts, and /metrics counts them."
+    from _server import Server
+    server = Server("--max-batch-size", "4", "--speculative", "ngram", "--no-warm-up", api_key=None)
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,"
+    try:
+        client = server.client()
+        ask = dict(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=40, temperature=0)
+        whole = client.completions.create(**ask).choices[0].text
+        streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **ask) if c.choices)
+        assert streamed == whole
+        assert 0 < server.metric("helios:spec_decode_accepted_tokens_total") <= server.metric("helios:spec_decode_draft_tokens_total")
+    finally:
+        assert server.stop() == 0
+    assert "speculative: ngram (4 tokens, n-grams 2-4)" in server.proc.stdout.read()
+    from helios import LLM, SamplingParams
+    with LLM(quiet=True) as plain:  # the text without drafts
+        assert plain.generate([prompt], SamplingParams(max_tokens=40, temperature=0))[0].outputs[0].text == whole
