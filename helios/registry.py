@@ -31,7 +31,7 @@ class Implementation:
     kind: str
     name: str
     build: Callable[..., Any]
-    priority: int  # under `auto`, the highest-priority one that builds is taken
+    priority: int | None  # under `auto`, the highest-priority one that builds is taken; None: only when named
     summary: str   # how the start-up line names it
 
 
@@ -82,7 +82,7 @@ def choose(kind: str, name: str = AUTO, **context) -> Choice:
     for candidate in implementation_names(kind):
         try: ranked.append(load_implementation(kind, candidate))
         except Unavailable as e: passed_over.append(_fall_back(kind, candidate, e))
-    for impl in sorted(ranked, key=lambda i: -i.priority):
+    for impl in sorted((i for i in ranked if i.priority is not None), key=lambda i: -i.priority):  # opt-ins: never
         try:
             return Choice(impl, impl.build(**context), tuple(passed_over))
         except NotApplicable as e:

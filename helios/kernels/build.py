@@ -1,4 +1,4 @@
-"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and matmul implementations.
+"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, an opt-in bfloat16 matmul on AMX tiles, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c` and `c-bf16` matmuls.
 
 Docs: https://helios-engine.github.io/helios/kernels.html.md"""
 
@@ -91,10 +91,32 @@ def compile_flags(isa: str | None = None) -> list[str]:
     "Optimise, make a shared library, and use the instruction sets of the variant."
     return ["-O3", "-shared", "-fPIC", "-Wno-psabi", *isa_flags(isa)]
 
+
+MATMUL_BF16_SOURCES = ("matmul_bf16.c",)  # the opt-in bfloat16 matmul, a library of its own
+BF16_VARIANTS = {  # its variants, widest first: what each adds to the avx512 variant's flags
+    "amx": ("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-DBF16_AMX"),
+    "avx512-bf16": ("-mavx512bf16",),
+}
+_BF16_NEEDS = {"amx": {"amx_tile", "amx_bf16", "avx512_bf16"}, "avx512-bf16": {"avx512_bf16"}}
+
+
+def bf16_variant(flags: frozenset[str] | None = None, requested: str | None = None) -> str:
+    """The bfloat16 matmul's variant for this CPU: `amx` where /proc/cpuinfo lists AMX's tiles and their bfloat16
+    products, else `avx512-bf16` where it lists AVX512-BF16 (each on top of the avx512 variant's needs).
+    $HELIOS_BF16_ISA (or `requested`) picks avx512-bf16 on an AMX CPU; KernelUnavailable where neither runs."""
+    flags = cpu_flags() if flags is None else flags
+    runs = [v for v, needs in _BF16_NEEDS.items() if flags is not None and needs | _ISA_NEEDS["avx512"] <= flags]
+    requested = requested or os.environ.get("HELIOS_BF16_ISA") or (runs[0] if runs else None)
+    if requested is not None and requested not in BF16_VARIANTS:
+        raise ValueError(f"HELIOS_BF16_ISA must be one of {', '.join(BF16_VARIANTS)}, got {requested!r}")
+    if not runs: raise KernelUnavailable("bfloat16 products need AMX or AVX512-BF16, and this CPU lists neither")
+    if requested not in runs: raise KernelUnavailable(f"HELIOS_BF16_ISA={requested}, but this CPU runs {', '.join(runs)}")
+    return requested
+
 # %% auto #0
-__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'KernelUnavailable', 'kernel_cache_dir',
-           'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags', 'translation_unit', 'source_files',
-           'build_library', 'build_kernels', 'load_built']
+__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
+           'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags',
+           'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'build_kernels', 'load_built']
 
 # %% ../../nbs/92_kernels.ipynb #k92006aa
 def translation_unit(sources: tuple[str, ...]) -> str:
@@ -114,7 +136,8 @@ def build_library(sources: tuple[str, ...], defines: tuple[str, ...] = (), cache
                   rebuild: bool = False, require_openmp: bool = False, folder: Path = CSRC,
                   isa: str | None = None) -> Path:
     """The sources (file names in folder, CSRC by default) compiled as one shared library in the variant isa (None:
-    this CPU's, from cpu_isa): built once, then taken from the cache; without OpenMP if need be."""
+    this CPU's, from cpu_isa) with the extra compiler words `defines` (-D constants, more instruction sets): built
+    once, then taken from the cache; without OpenMP if need be."""
     compiler = c_compiler()
     if compiler is None: raise KernelUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH; set CC")
     inputs = source_files(sources, folder)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul']
+__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul']
 
 # %% ../../nbs/92_kernels.ipynb #k92030aa
 import ctypes
@@ -46,10 +46,12 @@ def matmul_kernel(cache_dir: Path | None = None, isa: str | None = None):
 
 class CHalfLinear(nn.Module):
     "A Linear whose weight is stored as float16 panels and multiplied in float32 by the C kernel (CPU only)."
+    pack = staticmethod(weight_panels)  # the panels' layout, the one `matmul` reads
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, matmul):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("packed", weight_panels(weight))  # [ceil(out / 16), in, 16] float16
+        self.register_buffer("packed", self.pack(weight))  # [ceil(out / 16), in, 16] float16
         self.bias, self._matmul = bias, matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out] float32
@@ -80,3 +82,49 @@ def c_matmul(device: torch.device, exact: bool) -> LinearFactory:
 
 
 C_MATMUL = Implementation("matmul", "c", c_matmul, 30, "C, float16 weights")
+
+# %% ../../nbs/92_kernels.ipynb #21392e73
+from .build import BF16_VARIANTS, MATMUL_BF16_SOURCES, KernelUnavailable, bf16_variant
+
+
+def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
+    "[N, K] weight -> [ceil(N / 16), Kp / 2, 16, 2] bfloat16 panels, Kp = K rounded up to 32 (the pads are zeros)."
+    n, k = weight.shape
+    kp = -(-k // 32) * 32
+    padded = torch.zeros(-(-n // 16) * 16, kp, dtype=torch.bfloat16)
+    padded[:n, :k] = weight.detach().to(torch.bfloat16)  # round to nearest even
+    return padded.view(-1, 16, kp // 2, 2).transpose(1, 2).contiguous()
+
+
+def matmul_bf16_kernel(cache_dir: Path | None = None, variant: str | None = None):
+    """The C bfloat16 matmul in `variant` (None: bf16_variant's choice for this CPU), as a ctypes function with the
+    signature of matmul_f16 whose `isa` names the variant (AMX, AVX512-BF16); KernelUnavailable saying why not."""
+    variant = variant or bf16_variant()
+    lib = load_built(lambda rebuild: build_library(MATMUL_BF16_SOURCES, BF16_VARIANTS[variant], cache_dir, rebuild,
+                                                   require_openmp=True, isa="avx512"),
+                     lambda library: ctypes.CDLL(str(library)))
+    if c_function(lib, "matmul_bf16_init", restype=ctypes.c_int)() != 0:
+        raise KernelUnavailable("Linux did not grant this process the AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM); "
+                                "HELIOS_BF16_ISA=avx512-bf16 runs without them")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    matmul = c_function(lib, "matmul_bf16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+    matmul.isa = c_function(lib, "matmul_bf16_isa", restype=ctypes.c_char_p)().decode()
+    return matmul
+
+
+class CBf16Linear(CHalfLinear):
+    "A Linear whose weight is stored as bfloat16 panels, multiplied in bfloat16 with float32 sums by the C kernel."
+    pack = staticmethod(bf16_panels)  # [ceil(out / 16), Kp / 2, 16, 2] bfloat16
+
+# %% ../../nbs/92_kernels.ipynb #beaf0259
+def c_bf16_matmul(device: torch.device, exact: bool) -> LinearFactory:
+    """The `c-bf16` matmul (opt-in): bfloat16 panels for every linear, multiplied by `matmul_bf16` (AMX or
+    AVX512-BF16) with float32 sums; KernelUnavailable where this CPU has neither or the kernel cannot build."""
+    if exact: raise NotApplicable("the bfloat16 matmul rounds the weights to bfloat16, and they must stay as loaded")
+    if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")
+    matmul = matmul_bf16_kernel()
+    return LinearFactory(lambda weight, bias=None: CBf16Linear(weight, bias, matmul), torch.bfloat16,
+                         f"C, bfloat16 weights and products, float32 sums, {matmul.isa}")
+
+
+C_BF16_MATMUL = Implementation("matmul", "c-bf16", c_bf16_matmul, None, "C, bfloat16 products")

@@ -17,15 +17,17 @@ def fail(error):
 
 @pytest.fixture
 def plugins(monkeypatch):
-    "Four made-up matmul implementations in a module of their own, registered as entry points."
+    "Five made-up matmul implementations in a module of their own, registered as entry points (one opt-in)."
     module = types.ModuleType("fake_plugins")
     module.FAST = Implementation("matmul", "fast", fail(Unavailable("no compiler")), 30, "fast")
     module.GPU = Implementation("matmul", "gpu", fail(NotApplicable("not a GPU")), 20, "gpu")
     module.OK = Implementation("matmul", "ok", lambda **context: ("built", context), 10, "ok")
     module.SLOW = Implementation("matmul", "slow", lambda **context: "slow", 0, "slow")
+    module.LOSSY = Implementation("matmul", "lossy", lambda **context: "lossy", None, "lossy")  # only when named
     monkeypatch.setitem(sys.modules, "fake_plugins", module)
     points = [EntryPoint(n, f"fake_plugins:{v}", "helios.matmul") for n, v in
-              [("fast", "FAST"), ("gpu", "GPU"), ("ok", "OK"), ("slow", "SLOW"), ("broken", "MISSING")]]
+              [("fast", "FAST"), ("gpu", "GPU"), ("ok", "OK"), ("slow", "SLOW"), ("lossy", "LOSSY"),
+               ("broken", "MISSING")]]
     monkeypatch.setattr(registry, "entry_points", lambda group: [p for p in points if p.group == group])
     return module
 
@@ -39,11 +41,20 @@ def test_auto_takes_the_best_that_builds_and_says_why_it_passed_the_others(plugi
     assert sorted(str(w.message).split(":")[1].split()[0] for w in warned) == ["broken", "fast"]  # not gpu: silent
 
 
+def test_auto_never_takes_an_opt_in_but_its_name_does(plugins, monkeypatch):
+    for name in ("fast", "gpu", "ok", "slow"): monkeypatch.setattr(plugins, name.upper(), Implementation(
+        "matmul", name, fail(NotApplicable("not here")), getattr(plugins, name.upper()).priority, name))
+    with pytest.warns(RuntimeWarning), pytest.raises(Unavailable, match="no matmul implementation runs here") as e:
+        choose("matmul")
+    assert "lossy" not in str(e.value)
+    assert choose("matmul", "lossy").value == "lossy"
+
+
 def test_an_explicit_name_is_built_or_refused_with_the_reason(plugins):
     assert choose("matmul", "slow").value == "slow"
     with pytest.raises(Unavailable, match="no compiler"): choose("matmul", "fast")
     with pytest.raises(Unavailable, match="does not import"): choose("matmul", "broken")
-    with pytest.raises(ValueError, match="matmul must be one of auto, broken, fast, gpu, ok, slow, got 'best'"):
+    with pytest.raises(ValueError, match="matmul must be one of auto, broken, fast, gpu, lossy, ok, slow, got 'best'"):
         choose("matmul", "best")
 
 

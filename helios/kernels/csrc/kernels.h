@@ -25,6 +25,8 @@ void silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out, int
 typedef void (*matmul_fn)(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y,
                           int threads);
 void matmul_f16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads);
+/* matmul_bf16.c, a library of its own: bfloat16 weights and products, float32 sums (AMX or AVX512-BF16) */
+void matmul_bf16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads);
 
 /* decoder_layer.c */
 struct layer_weights {                    /* one decoder layer, set once */
