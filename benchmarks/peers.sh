@@ -15,7 +15,8 @@
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
 # computes on every core instead of keeping one for its scheduler; helios-base: Helios at the commit BASE_REV,
 # from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
-# kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram:
+# kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-ngram,
+# helios-bf16-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram:
 # n-gram speculative decoding, for WORKLOADS=copy-8), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
@@ -131,6 +132,9 @@ for engine in $ENGINES; do
     helios-bf16)  # the opt-in bfloat16 matmul (appendix 92): AMX tiles or AVX512-BF16, float32 sums
       start_server helios-bf16 "$port" "helios serve --threads $THREADS --max-batch-size 32 --matmul c-bf16 (bfloat16 weights and products, float32 sums)" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --matmul c-bf16 ;;
+    helios-bf16-ngram)  # both opt-ins: bfloat16 products and n-gram drafts
+      start_server helios-bf16-ngram "$port" "helios serve --threads $THREADS --max-batch-size 32 --matmul c-bf16 --speculative ngram" \
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --matmul c-bf16 --speculative ngram ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
       start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
         env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
