@@ -15,9 +15,9 @@
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
 # computes on every core instead of keeping one for its scheduler; helios-base: Helios at the commit BASE_REV,
 # from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
-# kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-ngram,
-# helios-bf16-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram:
-# n-gram speculative decoding, for WORKLOADS=copy-8), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
+# kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-fast:
+# that and float16 KV pages; helios-ngram, helios-fast-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram: n-gram
+# speculative decoding, for WORKLOADS=copy-8), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -123,18 +123,15 @@ print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info
 port=$PORT
 for engine in $ENGINES; do
   case $engine in
-    helios)
-      start_server helios "$port" "helios serve --threads $THREADS --max-batch-size 32 (CPU default: float32 arithmetic, float16 weights)" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
-    helios-ngram)  # speculative decoding: n-gram drafts (chapter 09a); measured on copy-8 against vllm-*-ngram
-      start_server helios-ngram "$port" "helios serve --threads $THREADS --max-batch-size 32 --speculative ngram (4 tokens, n-grams 2-4)" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --speculative ngram ;;
-    helios-bf16)  # the opt-in bfloat16 matmul (appendix 92): AMX tiles or AVX512-BF16, float32 sums
-      start_server helios-bf16 "$port" "helios serve --threads $THREADS --max-batch-size 32 --matmul c-bf16 (bfloat16 weights and products, float32 sums)" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --matmul c-bf16 ;;
-    helios-bf16-ngram)  # both opt-ins: bfloat16 products and n-gram drafts
-      start_server helios-bf16-ngram "$port" "helios serve --threads $THREADS --max-batch-size 32 --matmul c-bf16 --speculative ngram" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 --matmul c-bf16 --speculative ngram ;;
+    helios|helios-bf16|helios-fast|helios-ngram|helios-fast-ngram)
+      # the CPU default (float32 arithmetic, float16 weights, float32 KV pages), and the opt-ins: -bf16 the bfloat16
+      # matmul (appendix 92), -fast that and float16 KV pages (chapter 08), -ngram n-gram drafts (chapter 09a)
+      flags=()
+      case $engine in *-bf16) flags+=(--matmul c-bf16) ;; esac
+      case $engine in *-fast*) flags+=(--matmul c-bf16 --kv-cache-dtype float16) ;; esac
+      case $engine in *-ngram) flags+=(--speculative ngram) ;; esac
+      start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32 ${flags[*]:-(CPU default: float32 arithmetic, float16 weights)}" \
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${flags[@]}" ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
       start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
         env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;

@@ -16,7 +16,7 @@ from typing import TextIO
 import torch
 
 from .bench.workloads import WORKLOADS
-from .config import KV_RESERVATIONS, PREFILL_ORDERS, SPECULATIVE_METHODS, EngineConfig
+from .config import KV_CACHE_DTYPES, KV_RESERVATIONS, PREFILL_ORDERS, SPECULATIVE_METHODS, EngineConfig
 from .distributed.launch import join_as_worker, rank_env
 from .registry import AUTO, implementation_names
 from .llm import LLM
@@ -65,6 +65,9 @@ def _add_engine_args(p: argparse.ArgumentParser):
                    help="on-demand (default): pages for the prompt, one more each time decode fills one, preempting the "
                         "newest request when none is left; full: prompt + max_tokens reserved at admission [HELIOS_KV_RESERVATION]")
     p.add_argument("--kv-watermark", type=float, help="on-demand: share of the pool an admission leaves free (default 0.01)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                   help="the KV pages' element (default auto: the model's dtype, float32 on a CPU); float16 halves the "
+                        "bytes attention reads and doubles the tokens a budget holds [HELIOS_KV_CACHE_DTYPE]")
     p.add_argument("--kv-offload-bytes", type=byte_count_or_zero,
                    help="host tier for evicted prefix pages and preempted requests, e.g. 8e9 (default: 0 on CPU, "
                         "4 GiB on CUDA) [HELIOS_KV_OFFLOAD_BYTES]")
@@ -159,7 +162,8 @@ def _params(args) -> SamplingParams:
 
 
 ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size",
-               "kv_cache_bytes", "kv_reservation", "kv_watermark", "kv_offload_bytes", "max_queue", "prefix_cache_ttl_s",
+               "kv_cache_bytes", "kv_reservation", "kv_watermark", "kv_cache_dtype", "kv_offload_bytes", "max_queue",
+               "prefix_cache_ttl_s",
                "enable_prefix_caching", "attention", "matmul",
                "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile", "speculative",
                "speculative_tokens", "speculative_ngram_min", "speculative_ngram_max")

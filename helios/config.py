@@ -19,9 +19,9 @@ from .registry import AUTO, KINDS, check_choice
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'ROUTER_SCORINGS', 'TOPK_METHODS', 'HF_DEFAULTS', 'PAGE_SIZE', 'PREFILL_AGING_S',
            'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION', 'DEFAULT_GPU_KV_OFFLOAD_BYTES',
-           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale',
-           'YarnScaling', 'MoEConfig', 'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf', 'load_hf_config',
-           'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
+           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS', 'KV_CACHE_DTYPES', 'ENV_PREFIX', 'RopeScaling',
+           'yarn_mscale', 'YarnScaling', 'MoEConfig', 'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf',
+           'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "deepseek_v2", "deepseek_v3")
@@ -343,6 +343,7 @@ DEFAULT_GPU_KV_OFFLOAD_BYTES = 4 << 30  # host tier next to a GPU when none is g
 KV_RESERVATIONS = ("on-demand", "full")  # pages for the prompt, a page more when decode fills one; or prompt + max_tokens
 PREFILL_ORDERS = ("shortest-first", "oldest-first")  # which unfinished prompt a tick's prefill budget goes to first
 SPECULATIVE_METHODS = ("off", "ngram")  # drafting tokens for a decode to verify in one forward (chapter 09a)
+KV_CACHE_DTYPES = (AUTO, "float32", "float16", "bfloat16")  # the KV pages' element; auto: the model's dtype
 
 ENV_PREFIX = "HELIOS_"
 
@@ -356,6 +357,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # None: DEFAULT_CPU_KV_CACHE_BYTES, or a fraction of free GPU memory
     kv_reservation: str = "on-demand"  # "on-demand" or "full" (KV_RESERVATIONS)
     kv_watermark: float = 0.01         # on-demand: share of the pool an admission leaves free for running decodes
+    kv_cache_dtype: str = AUTO         # KV_CACHE_DTYPES: the pages' element; auto: the model's (float32 on a CPU)
     prefill_order: str = "shortest-first"  # PREFILL_ORDERS: fewest prompt tokens left first, or oldest request first
     prefill_overdue_s: float = 5.0     # a prompt waiting this long since it arrived goes first, oldest first
     kv_offload_bytes: int | None = None  # host tier for evicted prefix pages and preempted requests; None: 0 on CPU
@@ -389,6 +391,8 @@ class EngineConfig:
             raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}")
         if self.prefill_overdue_s < 0:
             raise ValueError(f"prefill_overdue_s must be >= 0, got {self.prefill_overdue_s}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
         for name in ("speculative_tokens", "speculative_ngram_min"):

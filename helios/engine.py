@@ -29,7 +29,7 @@ from .kv.budget import MemoryProfile, profile_memory
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.offload import HostKVPool, KVPageCopier, describe_host_budget, num_host_pages_for_budget
-from .kv.pool import KVPool, describe_budget, num_pages_for_budget, page_bytes
+from .kv.pool import KVPool, describe_budget, kv_dtype, num_pages_for_budget, page_bytes
 from .kv.prefix_cache import PrefixCache
 from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, EngineStats, FatalEngineError, RequestHandle,
                             RequestMetrics, RequestOutput, StreamEvent)
@@ -182,11 +182,12 @@ class Engine:
         cfg = model.config
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         weights = model.model.embed_tokens.weight
+        element = kv_dtype(config, weights.dtype)  # the pages': the model's, or kv_cache_dtype
         # one page more than the budget's: the scratch page where rows that pad a CUDA graph's batch write (chapter 17)
-        self.kv = KVPool(cfg, num_pages, config.page_size, weights.dtype, weights.device, scratch_page=True)
+        self.kv = KVPool(cfg, num_pages, config.page_size, element, weights.device, scratch_page=True)
         num_host_pages = num_host_pages_for_budget(cfg, kv_offload_budget_bytes(config, weights.device),
-                                                   config.page_size, weights.dtype)
-        self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, weights.dtype, pin=weights.is_cuda) if num_host_pages else None
+                                                   config.page_size, element)
+        self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, element, pin=weights.is_cuda) if num_host_pages else None
         self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
         cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
         self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
@@ -196,7 +197,7 @@ class Engine:
         # a fallback from a backend meant for this machine was warned about when it was chosen
         self.attention_passed_over: tuple[str, ...] = ()  # why `auto` passed over better-ranked backends
         if backend is None:
-            choice = choose_backend(cfg, weights.dtype, weights.device, config.attention)
+            choice = choose_backend(cfg, element, weights.device, config.attention, dtype=weights.dtype)
             backend, self.attention_passed_over = choice.value, choice.passed_over
         self.compile_s = compile_layers(model, COMPILE_MODE.get(weights.device.type)) if config.compile else None
         # the runner: the one given (chapter 16's), else the registry's for config.runner (auto: CUDA graphs where
@@ -209,8 +210,8 @@ class Engine:
             self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
             self.runner_passed_over = ()
         self.budget_summary = ((memory.describe() + "; " if memory else "")
-                               + describe_budget(cfg, num_pages, config.page_size, weights.dtype, weight_bytes(model)) + "; "
-                               + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, weights.dtype))
+                               + describe_budget(cfg, num_pages, config.page_size, element, weight_bytes(model)) + "; "
+                               + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
                                + f"; pages {config.kv_reservation}")
         self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
         self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
@@ -236,12 +237,13 @@ class Engine:
     def create(cls, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
         "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
         weights = model.model.embed_tokens.weight
-        choice = choose_backend(model.config, weights.dtype, weights.device, config.attention)
+        element = kv_dtype(config, weights.dtype)
+        choice = choose_backend(model.config, element, weights.device, config.attention, dtype=weights.dtype)
         memory = None
         if config.kv_cache_bytes is None and weights.is_cuda:
             memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
         budget = memory.kv_bytes if memory else kv_budget_bytes(config, weights.device)
-        num_pages = num_pages_for_budget(model.config, budget, config.page_size, weights.dtype)
+        num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
         engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory)
         engine.attention_passed_over = choice.passed_over
         return engine

@@ -102,7 +102,7 @@ class LLM:
                  device: str | torch.device = "auto", *, max_batch_size: int | None = None,
                  prefill_chunk_size: int | None = None, page_size: int | None = None,
                  kv_cache_bytes: int | None = None, kv_reservation: str | None = None, kv_watermark: float | None = None,
-                 prefill_order: str | None = None, prefill_overdue_s: float | None = None,
+                 kv_cache_dtype: str | None = None, prefill_order: str | None = None, prefill_overdue_s: float | None = None,
                  kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
                  max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
                  matmul: str | None = None, tensor_parallel_size: int | None = None,
@@ -113,7 +113,7 @@ class LLM:
         self.engine_config = EngineConfig.from_env(
             max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
             kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
-            prefill_order=prefill_order, prefill_overdue_s=prefill_overdue_s,
+            kv_cache_dtype=kv_cache_dtype, prefill_order=prefill_order, prefill_overdue_s=prefill_overdue_s,
             kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
             prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor,
@@ -124,7 +124,7 @@ class LLM:
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
-            kv_element = torch.empty((), dtype=loaded.dtype).element_size()
+            kv_element = self.engine.kv.k.element_size()  # the pages' (kv_cache_dtype), not always the model's
             print(f"helios: {self.path.name} ({self.config.describe(kv_element)}; {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
                   f"attention: {attention_summary(self.engine)}; matmuls: {matmul_summary(loaded)}; {runner_summary(self.engine)}"

@@ -102,15 +102,19 @@ def values_in_keys(k_pages: torch.Tensor, v_pages: torch.Tensor) -> bool:
     return v_pages.data_ptr() == k_pages.data_ptr() and v_pages.stride() == k_pages.stride()
 
 
-def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor,
-                    length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    "One sequence's first `length` keys [length, Hkv, Dk] and values [length, Hkv, Dv] from its pages."
-    k = gather_pages(k_pages, table, length)
-    return k, k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
+def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor, length: int,
+                    dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first `length` keys [length, Hkv, Dk] and values [length, Hkv, Dv] from its pages, converted to
+    dtype where one is given and the pages hold another (kv_cache_dtype, chapter 11)."""
+    k = gather_pages(k_pages, table, length).to(dtype or k_pages.dtype)
+    v = k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
+    return k, v.to(dtype or v_pages.dtype)
 
 
 def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto",
-                   capability: tuple[int, int] | None = None) -> Choice:
+                   capability: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> Choice:
     """The attention backend for this model, KV dtype and device: `name`, or under auto the best registered one.
-    capability: a CUDA device's compute capability, when not the device's own (to test the choice on a CPU)."""
-    return choose("attention", name, cfg=cfg, kv_dtype=kv_dtype, device=torch.device(device), capability=capability)
+    capability: a CUDA device's compute capability, when not the device's own (to test the choice on a CPU);
+    dtype: the queries', where it may differ from the pages' (None: the same)."""
+    return choose("attention", name, cfg=cfg, kv_dtype=kv_dtype, device=torch.device(device), capability=capability,
+                  dtype=dtype or kv_dtype)

@@ -59,11 +59,13 @@ class VarlenAttention(AttentionBackend):
 
 
 def _build_varlen(device: torch.device, cfg=None, capability: tuple[int, int] | None = None,
-                  kv_dtype: torch.dtype | None = None, **_) -> VarlenAttention:
+                  kv_dtype: torch.dtype | None = None, dtype: torch.dtype | None = None, **_) -> VarlenAttention:
     reason = varlen_unavailable(torch.device(device), capability)
     if reason is not None: raise NotApplicable(reason)
     if kv_dtype is not None and kv_dtype not in (torch.float16, torch.bfloat16):  # flash and cuDNN kernels only
         raise NotApplicable(f"FlashAttention reads float16 or bfloat16 pages, not {kv_dtype}")
+    if dtype is not None and kv_dtype is not None and dtype != kv_dtype:
+        raise NotApplicable(f"FlashAttention reads pages in the queries' dtype ({dtype}), not {kv_dtype}")
     layout = None if cfg is None else cfg.kv_layout
     if layout is not None and (layout.v_in_k or layout.k_dim > 256):
         raise NotApplicable(f"FlashAttention reads separate K and V pages of at most 256 channels, not this model's "

@@ -25,7 +25,7 @@ def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     "Per sequence: gather its pages, then causal SDPA. q: [1, N, Hq, Dk] -> [1, N, Hq, Dv]."
     out = _output(q, v_pages)
     for i, (start, n, ctx) in enumerate(zip(batch.query_starts, batch.query_lens, batch.context_lens)):
-        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx)  # [ctx, Hkv, Dk | Dv]
+        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx, q.dtype)  # [ctx, Hkv, Dk | Dv]
         out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 
@@ -48,9 +48,9 @@ def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     "One query per row, all rows in two batched matmuls. q: [R, Hq, Dk] -> [R, Hq, Dv]."
     R, num_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
-    k = _gather_head_major(k_pages, rows.page_tables, rows.longest)             # [R, Hkv, S, Dk]
-    v = (k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages)         # [R, Hkv, S, Dv]
-         else _gather_head_major(v_pages, rows.page_tables, rows.longest))
+    k = _gather_head_major(k_pages, rows.page_tables, rows.longest).to(q.dtype)  # [R, Hkv, S, Dk]
+    v = (k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages)          # [R, Hkv, S, Dv]
+         else _gather_head_major(v_pages, rows.page_tables, rows.longest).to(q.dtype))
     q = q.view(R, num_kv_heads, num_heads // num_kv_heads, head_dim)            # [R, Hkv, G, Dk]: GQA groups
     scale = head_dim ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale               # [R, Hkv, G, S]
@@ -78,7 +78,7 @@ def prefill_chunks_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: to
     for i, n in enumerate(batch.query_lens):
         if n == 1: continue
         start, ctx = batch.query_starts[i], batch.context_lens[i]
-        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx)
+        k, v = gather_sequence(k_pages, v_pages, batch.page_tables[i], ctx, q.dtype)
         out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from ..attention.base import choose_backend
 from ..config import EngineConfig
 from ..engine import Engine
-from ..kv.pool import KVPool
+from ..kv.pool import KVPool, kv_dtype
 from ..llm import Launch, eos_ids
 from ..registry import Implementation, NotApplicable
 from ..tokenizer import load_tokenizer
@@ -88,8 +88,9 @@ def run_rank(store, layout: ParallelLayout, path: Path, dtype, device, config: E
     loaded = load_rank(path, dtype, device, config, layout, groups)
     num_pages = agree_num_pages(loaded, config, groups)
     cfg = loaded.model.config
-    kv = KVPool(cfg, num_pages, config.page_size, loaded.dtype, loaded.device)
-    backend = choose_backend(cfg, loaded.dtype, loaded.device, config.attention).value
+    element = kv_dtype(config, loaded.dtype)
+    kv = KVPool(cfg, num_pages, config.page_size, element, loaded.device)
+    backend = choose_backend(cfg, element, loaded.device, config.attention, dtype=loaded.dtype).value
     serve_ticks(StageRunner(loaded.model, kv, backend, groups), groups.world)
 
 # %% ../../nbs/16_parallel.ipynb #567fcf6a

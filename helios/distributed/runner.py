@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..attention.base import AttentionBackend, Timer
 from ..config import EngineConfig
 from ..engine import FatalEngineError, kv_budget_bytes
-from ..kv.pool import KVPool, num_pages_for_budget
+from ..kv.pool import KVPool, kv_dtype, num_pages_for_budget
 from ..scheduler import Sequence, TickPlan
 from ..weights import LoadedModel, load_model, read_tensors
 from .groups import Groups, ParallelLayout
@@ -43,7 +43,8 @@ def load_rank(path: Path, dtype, device, config: EngineConfig, layout: ParallelL
 def agree_num_pages(loaded: LoadedModel, config: EngineConfig, groups: Groups) -> int:
     "Pages every rank's pool has: the fewest any rank's budget allows (they share one page table)."
     local = loaded.model.config
-    pages = num_pages_for_budget(local, kv_budget_bytes(config, loaded.device), config.page_size, loaded.dtype)
+    pages = num_pages_for_budget(local, kv_budget_bytes(config, loaded.device), config.page_size,
+                                 kv_dtype(config, loaded.dtype))
     return int(groups.world.all_reduce(torch.tensor([pages], device=groups.world.device), dist.ReduceOp.MIN).item())
 
 # %% ../../nbs/16_parallel.ipynb #4755626e

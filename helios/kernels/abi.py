@@ -26,7 +26,7 @@ class Tick(ctypes.Structure):
     "struct tick (kernels.h): one packed forward's tokens, angles, slots, page tables, pool and scratch, set once a tick."
     _fields_ = [("n", _i64), ("cos", _ptr), ("sin", _ptr), ("slots", _ptr), ("tables", _ptr), ("lens", _ptr),
                 ("table_stride", _i64), ("page_size", _i64), ("k_pages", _ptr), ("v_pages", _ptr),
-                ("layer_floats", _i64), ("scratch", _ptr), ("scale", _f32), ("threads", ctypes.c_int),
+                ("layer_elements", _i64), ("scratch", _ptr), ("scale", _f32), ("threads", ctypes.c_int),
                 ("clocks", _ptr)]
 
 

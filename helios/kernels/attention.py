@@ -32,8 +32,9 @@ def check_default_scale(scale: float | None, head_dim: int):
 
 class DecodeAttention:
     "The library's `paged_decode_attention`: every packed token is one row, which reads its pages in place."
-    def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int]):
+    def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int], kv_dtype: torch.dtype = torch.float32):
         self.shape = shape  # (query heads, KV heads, head size) the library was built for
+        self.kv_dtype = kv_dtype  # its pages' element: float32, or float16 (-DKV_HALF)
         self._kernel = c_function(library, "paged_decode_attention", _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64,
                                   _i64, _f32, _int, restype=_int)
         self._batch = self._rows = None  # the tick whose rows were last laid out, and its rows
@@ -61,9 +62,10 @@ class DecodeAttention:
         if q.shape[1:] != (num_heads, head_dim) or k_pages.shape[2:] != (num_kv_heads, head_dim):
             raise ValueError(f"the kernel was built for {num_heads} query and {num_kv_heads} KV heads of {head_dim}, "
                              f"got q {tuple(q.shape)} and pages {tuple(k_pages.shape)}")
-        if not (q.dtype == k_pages.dtype == v_pages.dtype == torch.float32 and k_pages.is_contiguous()
+        if not (q.dtype == torch.float32 and k_pages.dtype == v_pages.dtype == self.kv_dtype and k_pages.is_contiguous()
                 and v_pages.is_contiguous()):
-            raise ValueError("the kernel reads contiguous float32 queries and pages")
+            raise ValueError(f"the kernel reads contiguous float32 queries and {self.kv_dtype} pages, got {q.dtype} "
+                             f"queries and {k_pages.dtype} pages")
         if not (tables.dtype == lens.dtype == torch.int64 and tables.stride(1) == 1 and lens.is_contiguous()
                 and tables.shape[0] == lens.shape[0] == q.shape[0] and tables.device == lens.device == q.device):
             raise ValueError("the kernel reads one row of int64 page table and one int64 length per query")
@@ -77,8 +79,8 @@ class DecodeAttention:
 # %% ../../nbs/92_kernels.ipynb #k92025aa
 class LayerOps:
     "The library's functions for the rest of a decoder layer but its matmuls, and the layer as ten calls of them."
-    def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int]):
-        self.shape = shape
+    def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int], kv_dtype: torch.dtype = torch.float32):
+        self.shape, self.kv_dtype = shape, kv_dtype
         self._rms_norm = c_function(library, "rms_norm", _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int)
         self._rope_store = c_function(library, "rope_store", _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _f32, _ptr, _ptr,
                                       _ptr, _ptr, _int)
@@ -119,13 +121,13 @@ class LayerOps:
                 and self.tick_fits(x, cos, sin, kv))
 
     def tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
-        "One packed row of float32 activations, float32 angles, pages and int64 slots, in the shapes the kernels read."
+        "One packed row of float32 activations and angles, pages of the built dtype and int64 slots, as the kernels read."
         (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
         return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
                 and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
                 and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
                 and len(batch.slot_mapping) == len(batch.positions) == n
-                and pool.k.dtype == pool.v.dtype == torch.float32 and pool.k.is_contiguous() and pool.v.is_contiguous()
+                and pool.k.dtype == pool.v.dtype == self.kv_dtype and pool.k.is_contiguous() and pool.v.is_contiguous()
                 and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
 
     def run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
@@ -239,11 +241,12 @@ class CKernels(AttentionBackend):
     a decoder layer as one C call (`layers`), as ten calls (`ops`), as PyTorch's layer with C attention (`attention`)."""
     name = "C kernels"
 
-    def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int, one_call_layers: bool = True):
-        self.library, self.shape = library, (num_heads, num_kv_heads, head_dim)
+    def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int, one_call_layers: bool = True,
+                 kv_dtype: torch.dtype = torch.float32):
+        self.library, self.shape, self.kv_dtype = library, (num_heads, num_kv_heads, head_dim), kv_dtype
         lib = ctypes.CDLL(str(library))
-        self.attention = DecodeAttention(lib, self.shape)
-        self.ops = LayerOps(lib, self.shape)
+        self.attention = DecodeAttention(lib, self.shape, kv_dtype)
+        self.ops = LayerOps(lib, self.shape, kv_dtype)
         self.layers = DecoderLayers(lib, self.shape, self.attention, self.ops) if one_call_layers else None
 
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
@@ -272,14 +275,17 @@ from ..registry import Implementation, NotApplicable
 
 
 def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, **_) -> CKernels:
-    "The C kernels built for this model's attention shape; NotApplicable off the CPU or for other K/V dtypes."
+    """The C kernels built for this model's attention shape and K/V dtype (float32 or float16 pages); NotApplicable off
+    the CPU or for other K/V dtypes."""
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
-    if kv_dtype != torch.float32: raise NotApplicable(f"the C kernels read float32 K/V pages, not {kv_dtype}")
+    if kv_dtype not in (torch.float32, torch.float16):
+        raise NotApplicable(f"the C kernels read float32 or float16 K/V pages, not {kv_dtype}")
     if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):
         raise NotApplicable(f"the C kernels read K and V per KV head; this model caches {cfg.kv_layout}")
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
-    return load_built(lambda rebuild: build_kernels(*shape, rebuild=rebuild),
-                      lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads))
+    half = kv_dtype == torch.float16
+    return load_built(lambda rebuild: build_kernels(*shape, rebuild=rebuild, kv_half=half),
+                      lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, kv_dtype=kv_dtype))
 
 
 C_KERNELS = Implementation("attention", "c", c_kernels, 30, CKernels.name)

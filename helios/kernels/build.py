@@ -182,10 +182,11 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
 
 
 def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None, rebuild: bool = False,
-                  sources: tuple[str, ...] = LAYER_SOURCES, isa: str | None = None) -> Path:
-    "The per-model-shape library: the sources compiled with the head size, group size and KV heads as constants."
+                  sources: tuple[str, ...] = LAYER_SOURCES, isa: str | None = None, kv_half: bool = False) -> Path:
+    """The per-model-shape library: the sources compiled with the head size, group size and KV heads as constants,
+    for float32 pages, or float16 pages with kv_half (-DKV_HALF)."""
     if head_dim % 8: raise KernelUnavailable(f"head_dim {head_dim} is not a multiple of 8")
-    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"]
+    defines = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DKV_HEADS={kv_heads}"] + (["-DKV_HALF"] if kv_half else [])
     return build_library(sources, defines, cache_dir, rebuild, isa=isa)
 
 

@@ -16,7 +16,7 @@ from ..attention.base import AttentionBackend, PagedKV
 from ..config import EngineConfig
 from .batch import build_paged_batch
 from .pages import pages_needed
-from .pool import KVPool
+from .pool import KVPool, kv_dtype
 from ..model.qwen3 import CausalLM
 
 DEFAULT_GPU_HEADROOM_BYTES = 512 << 20  # kept back on a GPU: CUDA graphs' pool, the sampler's tensors, fragmentation
@@ -56,7 +56,7 @@ def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineC
     weights = model.model.embed_tokens.weight
     starts, lens = largest_tick(config)
     tables = [pages_needed(n, config.page_size) for n in lens]
-    pool = KVPool(model.config, sum(tables), config.page_size, weights.dtype, weights.device)
+    pool = KVPool(model.config, sum(tables), config.page_size, kv_dtype(config, weights.dtype), weights.device)
     first = torch.tensor([0, *tables]).cumsum(0)
     page_tables = torch.zeros(len(lens), max(tables), dtype=torch.long)
     for i, n in enumerate(tables): page_tables[i, :n] = torch.arange(first[i], first[i] + n)

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['KVPool', 'page_bytes', 'num_pages_for_budget', 'describe_budget']
+__all__ = ['KVPool', 'kv_dtype', 'page_bytes', 'num_pages_for_budget', 'describe_budget']
 
 # %% ../../nbs/08_paged_pool.ipynb #ca8a8ad8
 import torch
 
-from ..config import ModelConfig
+from ..config import EngineConfig, ModelConfig
+from ..registry import AUTO
 
 class KVPool:
     "K and V pages for every layer, laid out as the model's kv_layout: k [L, P, page_size, H, Dk], v likewise or None."
@@ -25,9 +26,9 @@ class KVPool:
         self.scratch_page = num_pages if scratch_page else None
 
     def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None):
-        "Store k: [N, H, Dk] (and v: [N, H, Dv] unless the values live in the keys) at slots: [N]."
-        self.k[layer_idx].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-        if self.v is not None: self.v[layer_idx].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+        "Store k: [N, H, Dk] (and v: [N, H, Dv] unless the values live in the keys) at slots: [N], as the pool's dtype."
+        self.k[layer_idx].view(-1, *k.shape[1:]).index_copy_(0, slots, k.to(self.k.dtype))
+        if self.v is not None: self.v[layer_idx].view(-1, *v.shape[1:]).index_copy_(0, slots, v.to(self.v.dtype))
 
     def values(self, layer_idx: int) -> torch.Tensor:
         "One layer's value pages: [P, page_size, H, Dv] (a view of the keys' first Dv channels when v is None)."
@@ -36,6 +37,11 @@ class KVPool:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         "The tensors that hold the pages (what a copy to the host tier must move)."
         return (self.k,) if self.v is None else (self.k, self.v)
+
+
+def kv_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+    "The pages' element: config.kv_cache_dtype, or under auto the model's own dtype."
+    return model_dtype if config.kv_cache_dtype == AUTO else getattr(torch, config.kv_cache_dtype)
 
 
 def page_bytes(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:

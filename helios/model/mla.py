@@ -129,7 +129,7 @@ class MLAttention(nn.Module):
     def attend(self, q: torch.Tensor, latents: torch.Tensor, form: str) -> torch.Tensor:
         "q: [B, T, H, nope + rope] over latents: [B, S, 1, r + rope] -> [B, T, H, v], in the given form."
         attention = absorbed_attention if form == "absorbed" else expanded_attention
-        return attention(q, latents, self.k_up, self.v_up, self.scale)
+        return attention(q, latents.to(q.dtype), self.k_up, self.v_up, self.scale)  # (pages may hold another dtype)
 
     def attend_cached(self, q: torch.Tensor, rows: torch.Tensor, kv) -> torch.Tensor:
         """Through the kv object: the sequences cheaper absorbed in one batched call (all of them: one `attend`),

@@ -1,6 +1,7 @@
 """Qwen3-MoE and the DeepSeek-V2/V3 family (latent attention, experts) through the whole engine: paged, batched,
 chunked, prefix-cached, preempted; every request gets the tokens it gets alone, and no page leaks."""
 import pytest
+import torch
 
 from conftest import FAMILIES, save_family
 from helios import SamplingParams
@@ -67,3 +68,15 @@ def test_speculative_decoding_gives_the_same_tokens(family):
                       speculative_ngram_min=1)
     assert [o.token_ids for o in outs] == alone
     assert stats.num_draft_tokens > 0 and stats.num_preemptions > 0
+
+
+def test_float16_pages_give_each_request_its_tokens_alone(family):
+    "Keys, values and latents cached in float16 (kv_cache_dtype), read by PyTorch's attention: batched as alone."
+    name, model, tokenizer = family
+    outs, _ = run(model, tokenizer, num_pages=64, kv_cache_dtype="float16")
+    for prompt, out in zip(prompts(), outs):
+        engine = Engine(model, tokenizer, frozenset(), EngineConfig(page_size=PAGE, kv_cache_dtype="float16"), 16)
+        assert engine.kv.k.dtype == torch.float16
+        handle = engine.submit(prompt, GREEDY)
+        while engine.step(): pass
+        assert handle.result().outputs[0].token_ids == out.outputs[0].token_ids, name

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "pages.h"
 #include "shape.h"
 #include "vectors.h"
 
@@ -13,17 +14,17 @@
 
 /* scores[hq, t] = q[hq] . k[t, hq / GROUP] * scale, for the heads of key/value heads h0..h1-1 and a page's first
    `count` tokens, four tokens at a time. */
-static void page_scores(const f8 *q, const float *keys, int64_t count, int h0, int h1, float scale,
+static void page_scores(const f8 *q, const kv_t *keys, int64_t count, int h0, int h1, float scale,
                         float *scores, int64_t n) {
     int64_t t = 0;
     for (; t + 4 <= count; t += 4) {
-        const float *k = keys + t * TOKEN;
+        const kv_t *k = keys + t * TOKEN;
         for (int h = h0; h < h1; h++) {
             f8 acc[GROUP][4] = {0};
             for (int c = 0; c < CHUNKS; c++) {
-                const float *kc = k + h * HEAD_DIM + 8 * c;
-                const f8 k0 = *(const f8 *)kc, k1 = *(const f8 *)(kc + TOKEN);
-                const f8 k2 = *(const f8 *)(kc + 2 * TOKEN), k3 = *(const f8 *)(kc + 3 * TOKEN);
+                const kv_t *kc = k + h * HEAD_DIM + 8 * c;
+                const f8 k0 = load_kv8(kc), k1 = load_kv8(kc + TOKEN);
+                const f8 k2 = load_kv8(kc + 2 * TOKEN), k3 = load_kv8(kc + 3 * TOKEN);
                 for (int g = 0; g < GROUP; g++) {
                     const f8 qc = q[(h * GROUP + g) * CHUNKS + c];
                     acc[g][0] += qc * k0; acc[g][1] += qc * k1; acc[g][2] += qc * k2; acc[g][3] += qc * k3;
@@ -35,24 +36,26 @@ static void page_scores(const f8 *q, const float *keys, int64_t count, int h0, i
     }
     for (; t < count; t++)
         for (int hq = h0 * GROUP; hq < h1 * GROUP; hq++) {
-            const f8 *k = (const f8 *)(keys + t * TOKEN + (hq / GROUP) * HEAD_DIM);
+            const kv_t *k = keys + t * TOKEN + (hq / GROUP) * HEAD_DIM;
             f8 acc = {0};
-            for (int c = 0; c < CHUNKS; c++) acc += q[hq * CHUNKS + c] * k[c];
+            for (int c = 0; c < CHUNKS; c++) acc += q[hq * CHUNKS + c] * load_kv8(k + 8 * c);
             scores[hq * n + t] = sums4(acc, acc, acc, acc)[0] * scale;
         }
 }
 
 /* out[hq] += sum over a page's first `count` tokens t of p[hq, t] v[t, hq / GROUP], for key/value heads h0..h1-1;
    SPAN vectors of a head's output at a time, so that they stay in registers. */
-static void page_values(const float *p, int64_t n, const float *values, int64_t count, int h0, int h1, f8 *out) {
+static void page_values(const float *p, int64_t n, const kv_t *values, int64_t count, int h0, int h1, f8 *out) {
     for (int h = h0; h < h1; h++)
         for (int c0 = 0; c0 < CHUNKS; c0 += SPAN) {
             f8 acc[GROUP][SPAN] = {0};
             for (int64_t t = 0; t < count; t++) {
-                const f8 *v = (const f8 *)(values + t * TOKEN + h * HEAD_DIM + 8 * c0);
+                const kv_t *v = values + t * TOKEN + h * HEAD_DIM + 8 * c0;
+                f8 vc[SPAN];
+                for (int c = 0; c < SPAN; c++) vc[c] = load_kv8(v + 8 * c);
                 for (int g = 0; g < GROUP; g++) {
                     const float pt = p[(h * GROUP + g) * n + t];
-                    for (int c = 0; c < SPAN; c++) acc[g][c] += pt * v[c];
+                    for (int c = 0; c < SPAN; c++) acc[g][c] += pt * vc[c];
                 }
             }
             for (int g = 0; g < GROUP; g++)
@@ -80,7 +83,7 @@ static float exp_shifted(float *s, int64_t n) {
 }
 
 /* One row's query heads of key/value heads h0..h1-1 attend to the row's first n tokens, page by page. */
-static int attend(const float *q, const float *k_pages, const float *v_pages, const int64_t *table, int64_t n,
+static int attend(const float *q, const kv_t *k_pages, const kv_t *v_pages, const int64_t *table, int64_t n,
                   int h0, int h1, float *out, int64_t page_size, float scale) {
     float *scores = malloc(sizeof(float) * HEADS * n);   /* [HEADS, n]; rows of other heads unused */
     if (!scores) return 1;
@@ -108,7 +111,7 @@ static int attend(const float *q, const float *k_pages, const float *v_pages, co
    [pages, page_size, KV_HEADS, HEAD_DIM]; page_tables: [rows, table_stride]; row r attends to its first
    context_lens[r] tokens. Work items are rows, or slices of a row's heads when there are fewer rows than
    threads. Returns 0, or 1 if memory ran out. */
-int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
+int paged_decode_attention(const float *q, const kv_t *k_pages, const kv_t *v_pages, const int64_t *page_tables,
                            int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
                            int64_t page_size, float scale, int threads) {
     if (rows <= 0) return 0;

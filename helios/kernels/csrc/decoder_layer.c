@@ -28,7 +28,7 @@ static void timed_matmul(const struct layer_weights *lw, const struct tick *t, c
 int decoder_layer(const struct layer_weights *w, const struct tick *t, const float *x, float *out,
                   const int64_t *rows, int64_t m) {
     const int64_t n = t->n, H = w->hidden, I = w->inter, A = HEADS * HEAD_DIM;
-    float *k_pages = t->k_pages + w->layer * t->layer_floats, *v_pages = t->v_pages + w->layer * t->layer_floats;
+    kv_t *k_pages = t->k_pages + w->layer * t->layer_elements, *v_pages = t->v_pages + w->layer * t->layer_elements;
     float *h = t->scratch, *qkv = h + n * H, *q = qkv + n * QKV, *att = q + n * A, *mid = att + n * A;
     float *gate_up = mid + n * H, *act = gate_up + n * 2 * I;
     rms_norm(x, NULL, w->input_norm, NULL, h, n, H, w->eps, t->threads);             /* h = norm(x) */
@@ -80,6 +80,6 @@ int64_t helios_offsetof_layer_weights(int64_t field) { return AT(layer_weights_o
 
 #define T(name) offsetof(struct tick, name)
 static const int64_t tick_offsets[] = {T(n), T(cos), T(sin), T(slots), T(tables), T(lens), T(table_stride),
-    T(page_size), T(k_pages), T(v_pages), T(layer_floats), T(scratch), T(scale), T(threads), T(clocks)};
+    T(page_size), T(k_pages), T(v_pages), T(layer_elements), T(scratch), T(scale), T(threads), T(clocks)};
 size_t helios_sizeof_tick(void) { return sizeof(struct tick); }
 int64_t helios_offsetof_tick(int64_t field) { return AT(tick_offsets, field); }

@@ -7,8 +7,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The pool's element: float32, or float16 in a library built with -DKV_HALF (pages.h converts on load and store). */
+#ifdef KV_HALF
+typedef uint16_t kv_t;
+#else
+typedef float kv_t;
+#endif
+
 /* decode_attention.c */
-int paged_decode_attention(const float *q, const float *k_pages, const float *v_pages, const int64_t *page_tables,
+int paged_decode_attention(const float *q, const kv_t *k_pages, const kv_t *v_pages, const int64_t *page_tables,
                            int64_t table_stride, const int64_t *context_lens, float *out, int64_t rows,
                            int64_t page_size, float scale, int threads);
 
@@ -16,7 +23,7 @@ int paged_decode_attention(const float *q, const float *k_pages, const float *v_
 void rms_norm(const float *x, const float *residual, const float *weight, float *sum, float *normed, int64_t rows,
               int64_t dim, float eps, int threads);
 void rope_store(const float *qkv, int64_t ld, int64_t n, const float *cos, const float *sin, const float *q_norm,
-                const float *k_norm, float eps, float *q_out, float *k_pages, float *v_pages, const int64_t *slots,
+                const float *k_norm, float eps, float *q_out, kv_t *k_pages, kv_t *v_pages, const int64_t *slots,
                 int threads);
 void silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out, int threads);
 
@@ -45,8 +52,8 @@ struct tick {                             /* one packed forward, set once per ti
     const int64_t *slots;                 /* [n] where each token's k and v go */
     const int64_t *tables, *lens;         /* [n, table_stride], [n]: each token's page table and context */
     int64_t table_stride, page_size;
-    float *k_pages, *v_pages;             /* the pool: [layers, pages, page_size, KV_HEADS, HEAD_DIM] */
-    int64_t layer_floats;                 /* floats per layer of the pool */
+    kv_t *k_pages, *v_pages;              /* the pool: [layers, pages, page_size, KV_HEADS, HEAD_DIM] */
+    int64_t layer_elements;               /* elements per layer of the pool */
     float *scratch;                       /* n x (2 hidden + QKV + 2 HEADS HEAD_DIM + 3 inter) floats */
     float scale;                          /* 1 / sqrt(HEAD_DIM) */
     int threads;

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "pages.h"
 #include "shape.h"
 #include "vectors.h"
 
@@ -49,16 +50,17 @@ static inline void norm_rotate(const float *x, const float *weight, float eps, c
    QK-norm where q_norm/k_norm are given, RoPE by cos/sin [n, HEAD_DIM/2]; the query to q_out [n, HEADS, HEAD_DIM],
    the key and value to slot slots[t] of one layer's k_pages and v_pages. */
 void rope_store(const float *qkv, int64_t ld, int64_t n, const float *cos, const float *sin, const float *q_norm,
-                const float *k_norm, float eps, float *q_out, float *k_pages, float *v_pages, const int64_t *slots,
+                const float *k_norm, float eps, float *q_out, kv_t *k_pages, kv_t *v_pages, const int64_t *slots,
                 int threads) {
     #pragma omp parallel for num_threads(n * ld >= PARALLEL_MIN ? threads : 1)
     for (int64_t t = 0; t < n; t++) {
         const float *q = qkv + t * ld, *k = q + HEADS * HEAD_DIM, *v = k + TOKEN;
         const float *c = cos + t * (HEAD_DIM / 2), *s = sin + t * (HEAD_DIM / 2);
-        float *k_slot = k_pages + slots[t] * TOKEN, *v_slot = v_pages + slots[t] * TOKEN;
+        float key[TOKEN];
         for (int h = 0; h < HEADS; h++) norm_rotate(q + h * HEAD_DIM, q_norm, eps, c, s, q_out + (t * HEADS + h) * HEAD_DIM);
-        for (int h = 0; h < KV_HEADS; h++) norm_rotate(k + h * HEAD_DIM, k_norm, eps, c, s, k_slot + h * HEAD_DIM);
-        for (int i = 0; i < TOKEN; i++) v_slot[i] = v[i];
+        for (int h = 0; h < KV_HEADS; h++) norm_rotate(k + h * HEAD_DIM, k_norm, eps, c, s, key + h * HEAD_DIM);
+        store_kv(k_pages + slots[t] * TOKEN, key, TOKEN);
+        store_kv(v_pages + slots[t] * TOKEN, v, TOKEN);
     }
 }
 
