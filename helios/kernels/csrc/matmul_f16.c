@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__F16C__) || defined(__AVX512F__)
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -12,18 +12,6 @@
 
 #define PANEL 16      /* outputs per panel: two 8-float vectors */
 #define ROW_BLOCK 192 /* activation rows per pass over the weights */
-
-/* 8 float16 weights as float32 */
-static inline f8 load_half8(const uint16_t *p) {
-#ifdef __F16C__
-    return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#else
-    typedef _Float16 h8 __attribute__((vector_size(16), aligned(2)));
-    h8 h;
-    memcpy(&h, p, sizeof h);
-    return __builtin_convertvector(h, f8);
-#endif
-}
 
 /* y[i, 0:n] = sum over k of x[i, k] panel[k, 0:n] for rows i < R, n <= PANEL outputs of one panel; the
    same step of the next panel is prefetched. */

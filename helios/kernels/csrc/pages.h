@@ -15,13 +15,8 @@
 static inline f8 load_kv8(const kv_t *p) {
 #ifndef KV_HALF
     return *(const f8 *)p;
-#elif defined(__F16C__)
-    return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #else
-    typedef _Float16 h8 __attribute__((vector_size(16), aligned(2)));
-    h8 h;
-    memcpy(&h, p, sizeof h);
-    return __builtin_convertvector(h, f8);
+    return load_half8(p);
 #endif
 }
 

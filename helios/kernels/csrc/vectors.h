@@ -1,11 +1,15 @@
 /* Vectors of 8 and 4 floats, and the few operations on them that every kernel shares. GCC and Clang vector
    extensions, not intrinsics: the same source becomes AVX2 and FMA code on x86 (built with -mavx2 -mfma) and
-   NEON code on ARM. */
+   NEON code on ARM. The one exception is load_half8, which uses F16C's conversion where the build has it. */
 #ifndef HELIOS_VECTORS_H
 #define HELIOS_VECTORS_H
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 typedef float f8 __attribute__((vector_size(32), aligned(4)));   /* 8 floats, loaded from any address */
 typedef float f4 __attribute__((vector_size(16), aligned(4)));
@@ -16,6 +20,18 @@ typedef int32_t i8 __attribute__((vector_size(32), aligned(4)));
 #else                                                    /* GCC before 12 spells it differently */
 #define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (i8){__VA_ARGS__})
 #endif
+
+/* 8 float16 values as float32: F16C's conversion on x86, a vector conversion elsewhere */
+static inline f8 load_half8(const uint16_t *p) {
+#ifdef __F16C__
+    return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    typedef _Float16 h8 __attribute__((vector_size(16), aligned(2)));
+    h8 h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, f8);
+#endif
+}
 
 /* [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] */
 static inline f8 pair_sums(f8 a, f8 b) {
