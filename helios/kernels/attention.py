@@ -274,10 +274,11 @@ class CKernels(AttentionBackend):
 from ..registry import Implementation, NotApplicable
 
 
-def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, **_) -> CKernels:
-    """The C kernels built for this model's attention shape and K/V dtype (float32 or float16 pages); NotApplicable off
-    the CPU or for other K/V dtypes."""
+def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dtype = torch.float32, **_) -> CKernels:
+    """The C kernels built for this model's attention shape and K/V dtype (float32 or float16 pages), for float32
+    queries (`dtype`, the model's); NotApplicable off the CPU or for other dtypes."""
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
+    if dtype != torch.float32: raise NotApplicable(f"the C kernels compute in float32, not {dtype}")
     if kv_dtype not in (torch.float32, torch.float16):
         raise NotApplicable(f"the C kernels read float32 or float16 K/V pages, not {kv_dtype}")
     if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):

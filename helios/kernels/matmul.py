@@ -51,7 +51,7 @@ class CHalfLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, matmul):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("packed", self.pack(weight))  # [ceil(out / 16), in, 16] float16
+        self.register_buffer("packed", self.pack(weight))  # float16 [ceil(out / 16), in, 16], or a subclass's layout
         self.bias, self._matmul = bias, matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out] float32

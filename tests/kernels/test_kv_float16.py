@@ -85,3 +85,11 @@ def test_each_request_gets_its_tokens_alone_and_stays_near_float32_pages(half_ll
         reference = [o.outputs[0].logprobs[0] for o in full.generate(prompts, one)]
     for got, want in zip((o.outputs[0].logprobs[0] for o in half_llm.generate(prompts, one)), reference):
         assert got.top[0][0] == want.top[0][0] and abs(got.logprob - want.logprob) < 0.02
+
+
+def test_a_float16_model_is_not_given_the_c_kernels():
+    "float16 pages under float16 queries (a float16 model on a CPU): the kernels compute in float32, so PyTorch's backend."
+    from helios.attention.base import choose_backend
+    assert isinstance(choose_backend(attention_config(4, 2, 16), torch.float16, CPU).value, BatchedAttention)
+    with pytest.raises(NotApplicable, match="compute in float32, not torch.float16"):
+        c_kernels(attention_config(4, 2, 16), torch.float16, CPU, dtype=torch.float16)
