@@ -105,7 +105,7 @@ def values_in_keys(k_pages: torch.Tensor, v_pages: torch.Tensor) -> bool:
 def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor, length: int,
                     dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's first `length` keys [length, Hkv, Dk] and values [length, Hkv, Dv] from its pages, converted to
-    dtype where one is given and the pages hold another (kv_cache_dtype, chapter 11)."""
+    dtype where one is given and the pages hold another (`kv_dtype`: float16 pages for a float32 model, say)."""
     k = gather_pages(k_pages, table, length).to(dtype or k_pages.dtype)
     v = k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
     return k, v.to(dtype or v_pages.dtype)

@@ -68,6 +68,16 @@ class CausalLM(nn.Module):
                              persistent=False)
         self.rope_factor = rope_attention_factor(cfg.rope_scaling)  # YaRN scales cos and sin; 1 otherwise
 
+    @property
+    def device(self) -> torch.device:
+        "Where the weights live (the embedding table's device)."
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        "The weights' floating-point type (the embedding table's)."
+        return self.model.embed_tokens.weight.dtype
+
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
                       rows: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         """Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden], or [B, N, hidden] at the
