@@ -6,7 +6,8 @@
                                               # names a later chapter outside its "Where this goes next" list,
                                               # or a figure cell without its image (tests/unit/test_course.py)
 
-A *core* chapter is one numbered 00 to 13 (the path of a request). A *forward reference* is a chapter number
+A *core* chapter is one numbered 00 to 13 without a letter (the path of a request: config, layers, attention,
+model, weights, tokenizer, KV cache, sampling, paged pool, prefix cache, scheduler, engine, LLM, server). A *forward reference* is a chapter number
 named in a core chapter's markdown ("chapter 16", "appendix 92", a link to `16_parallel.ipynb`) that comes
 after the chapter itself; the one place a core chapter may point ahead is its closing section, headed
 `## Where this goes next`. A *figure cell* is a code cell that draws with matplotlib (`plt.` or `.plot(`
@@ -93,7 +94,7 @@ def shape(path: Path) -> ChapterShape:
     code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
     lengths = {i: len(source(c).splitlines()) for i, c in code}
     figures = [(i, c) for i, c in code if is_figure(c)]
-    core = chapter is not None and chapter[0] <= LAST_CORE_CHAPTER
+    core = chapter is not None and chapter[0] <= LAST_CORE_CHAPTER and not chapter[1]
     return ChapterShape(
         path.stem, sum(len(source(c).split()) for c in nb["cells"] if c["cell_type"] == "markdown"), len(code),
         max(lengths.values(), default=0), [i for i, n in lengths.items() if n > MAX_CELL_LINES],
