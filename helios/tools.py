@@ -11,6 +11,7 @@ import json
 import math
 import re
 import uuid
+from importlib import resources
 from typing import Iterable, NamedTuple
 
 import llguidance
@@ -23,7 +24,7 @@ from .tokenizer import Tokenizer
 __all__ = ['TOOL_NAME', 'ARGUMENTS_FORMAT', 'TOOL_CHOICES', 'TOOL_CALL_OPEN', 'TOOL_CALL_CLOSE', 'ToolFunction', 'ToolCall',
            'new_tool_call_id', 'ChatDelta', 'merge_deltas', 'arguments_schema', 'schema_error', 'tool_functions',
            'check_tool_choice', 'lark_literal', 'lark_tag', 'tool_call_lark', 'tool_call_grammar', 'held_back',
-           'parse_tool_call', 'ToolCallParser']
+           'parse_tool_call', 'ToolCallParser', 'packaged_chat_template']
 
 # %% ../nbs/12a_tools_and_reasoning.ipynb #216c3b6c
 class ToolFunction(NamedTuple):
@@ -76,7 +77,7 @@ def schema_error(schema: dict) -> str | None:
     except (TypeError, ValueError) as e: return str(e)  # not JSON at all
     return messages[0] if failed else None
 
-
+# %% ../nbs/12a_tools_and_reasoning.ipynb #26d19ab9
 def tool_functions(tools: list[dict]) -> list[ToolFunction]:
     "The functions of OpenAI-shaped `tools`, checked: well-named, each name once, parameters llguidance compiles."
     if not isinstance(tools, list): raise InvalidParam("tools", f"tools must be a list of tools, got {tools!r}")
@@ -104,7 +105,7 @@ def _tool_function(tool: dict, where: str) -> ToolFunction:
         raise InvalidParam("tools", f"{where}.function.parameters is a schema the grammar library refuses: {reason}")
     return function
 
-
+# %% ../nbs/12a_tools_and_reasoning.ipynb #1e6bd140
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -190,7 +191,7 @@ def parse_tool_call(block: str) -> ToolCall | None:
     except UnicodeEncodeError: return None  # an escaped lone surrogate ("\ud800"): no UTF-8 response could carry it
     return ToolCall(new_tool_call_id(), value["name"], text)
 
-
+# %% ../nbs/12a_tools_and_reasoning.ipynb #acbe8878
 class ToolCallParser:
     "Splits streamed Hermes-style output into content and tool calls; text that may open a block is held back."
     def __init__(self):
@@ -241,3 +242,8 @@ class ToolCallParser:
         if call: calls.append(call)
         else: content.append(self._space_before + TOOL_CALL_OPEN + block + close)
         self._after_call, self._space_before, self._in_block = call is not None, "", False
+
+# %% ../nbs/12a_tools_and_reasoning.ipynb #2e6e8d71
+def packaged_chat_template(name: str) -> str:
+    "A chat template shipped with Helios (`helios/templates/<name>.jinja`), read from the installed package."
+    return (resources.files("helios") / "templates" / f"{name}.jinja").read_text(encoding="utf-8")

@@ -37,7 +37,7 @@ class RequestRecord:
     @property
     def ok(self) -> bool: return self.error is None and self.end_s is not None and self.first_token_s is not None
 
-
+# %% ../../nbs/14_benchmark.ipynb #38d12aea
 async def send_request(client, base_url: str, model: str, spec: RequestSpec, api_key: str | None,
                        forbid_token_ids: list[int]) -> RequestRecord:
     "Stream one completion (a chat completion for a chat spec) and record its timings."

@@ -31,7 +31,7 @@ def concurrency_timeline(records: list, start_s: float) -> tuple[list[float], li
         times.append(t); counts.append(now)
     return times, counts
 
-
+# %% ../../nbs/14_benchmark.ipynb #590d6a78
 def _class_metrics(records: list, wall_s: float) -> dict:
     ok = [r for r in records if r.ok]
     ttft = [r.first_token_s - r.send_s for r in ok]

@@ -31,7 +31,7 @@ def load_run(path: str | Path) -> BenchRun:
     data["records"] = [RequestRecord(**r) for r in data["records"]]
     return BenchRun(**data)
 
-
+# %% ../../nbs/14_benchmark.ipynb #435c7bf6
 TABLE_ROWS = [("TTFT p50 (s)", "ttft_p50_s"), ("TTFT p95 (s)", "ttft_p95_s"), ("TTFT p99 (s)", "ttft_p99_s"),
               ("E2E p50 (s)", "e2e_p50_s"), ("E2E p95 (s)", "e2e_p95_s"), ("TPOT p50 (s)", "tpot_p50_s"),
               ("ITL p95 (s)", "itl_p95_s"), ("decode tok/s p50", "decode_tok_s_p50"),
@@ -77,7 +77,7 @@ def compare_table(runs: list[BenchRun]) -> str:
         lines.append(row([label, *map(_fmt, vals), *ratios]))
     return "\n".join(lines)
 
-
+# %% ../../nbs/14_benchmark.ipynb #9965a651
 def plot_runs(runs: list[BenchRun], path: str | Path | None = None):
     "Latency CDFs (TTFT, E2E), concurrency over time, and output tok/s per engine."
     import matplotlib.pyplot as plt

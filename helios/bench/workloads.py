@@ -42,7 +42,7 @@ def text_of_tokens(tokenizer, ids: list[int], start: int, n: int) -> str:
     doubled = ids + ids
     return tokenizer.decode(doubled[start % len(ids):start % len(ids) + n])
 
-
+# %% ../../nbs/14_benchmark.ipynb #6499312f
 def helios30(tokenizer, seed: int = 0) -> list[RequestSpec]:
     "10 prefill-heavy (512 -> 16), 10 decode-heavy (32 -> 128), 10 balanced (128 -> 64), shuffled."
     ids, rng = tokenizer.encode(real_text()), random.Random(seed)
@@ -78,7 +78,7 @@ def shared_pages(tokenizer, specs: list[RequestSpec], page_size: int = 256) -> i
         for end in range(page_size, len(ids) + 1, page_size): counts[tuple(ids[:end])] += 1
     return sum(c > 1 for c in counts.values())
 
-
+# %% ../../nbs/14_benchmark.ipynb #847388a9
 CHAT_QUESTIONS = ("In one sentence, what is this text about?", "Summarize this passage in one sentence.",
                   "Which Python module is this text from? Answer briefly.",
                   "What is the main idea of this text? Answer in one sentence.",
@@ -102,7 +102,7 @@ def decode16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     ids, rng = tokenizer.encode(real_text()), random.Random(seed)
     return [RequestSpec("decode-16", text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), 128), 64) for _ in range(16)]
 
-
+# %% ../../nbs/14_benchmark.ipynb #b9e7fae8
 # An answer that cannot end within decode-16's 64 tokens: every request of json-16 is constrained for all of them
 LONG_JSON_SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 64, "maxItems": 64,
                                                                "items": {"type": "string", "maxLength": 24}}},

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from fastcore.basics import patch
 
 from ..config import ModelConfig
 from ..attention.base import AttentionBackend, PagedKV, Timer
@@ -121,66 +122,76 @@ class GraphRunner(ModelRunner):
         tables[:, 0] = self.kv.scratch_page
         return flat
 
-    def _forward(self, rows: int, pages: int) -> Callable[[], torch.Tensor]:
-        "The function a graph captures: a decode forward that reads only the bucket's static inputs."
-        ids, positions, slots, contexts, tables = self._views(rows, pages, self._static)
-        def forward() -> torch.Tensor:  # -> [rows, vocab] float32
-            batch = decode_graph_batch(positions, slots, tables, contexts, self.page_size)
-            kv = PagedKV(self.kv, batch, self.backend)
-            return self.model(ids[None], positions[None], kv, None, run_layer=self.backend.run_layer)[0]
-        return forward
+# %% ../../nbs/17_gpu.ipynb #e52257d8
+@patch
+def _forward(self: GraphRunner, rows: int, pages: int) -> Callable[[], torch.Tensor]:
+    "The function a graph captures: a decode forward that reads only the bucket's static inputs."
+    ids, positions, slots, contexts, tables = self._views(rows, pages, self._static)
+    def forward() -> torch.Tensor:  # -> [rows, vocab] float32
+        batch = decode_graph_batch(positions, slots, tables, contexts, self.page_size)
+        kv = PagedKV(self.kv, batch, self.backend)
+        return self.model(ids[None], positions[None], kv, None, run_layer=self.backend.run_layer)[0]
+    return forward
 
-    @torch.inference_mode()
-    def capture(self) -> CaptureReport:
-        "Capture every bucket, largest first (later graphs reuse the pool the first one grew)."
-        cuda = self.device.type == "cuda"
-        if cuda: torch.cuda.synchronize(self.device)
-        before, start = torch.cuda.mem_get_info(self.device)[0] if cuda else None, time.perf_counter()
-        for rows in sorted(self.batch_sizes, reverse=True):
-            for pages in sorted(self.page_counts, reverse=True):
-                flat = self._padding_inputs(rows, pages)
-                self._static[:len(flat)].copy_(flat)
-                graph = self._make_graph(self._pool)
-                graph.capture(self._forward(rows, pages))
-                self.graphs[rows, pages] = graph
-        if cuda: torch.cuda.synchronize(self.device)
-        used = before - torch.cuda.mem_get_info(self.device)[0] if cuda else None
-        self.capture_report = CaptureReport(len(self.graphs), time.perf_counter() - start, used)
-        return self.capture_report
 
-    def bucket(self, plan: TickPlan) -> tuple[int, int] | None:
-        "The (rows, pages) graph that runs this tick, or None: not decode-only, or larger than every bucket."
-        if not plan.is_decode_only: return None
-        rows = bucket_for(len(plan.chunks), self.batch_sizes)
-        pages = bucket_for(max(pages_needed(c.start + 1, self.page_size) for c in plan.chunks), self.page_counts)
-        return None if rows is None or pages is None else (rows, pages)
+@patch
+@torch.inference_mode()
+def capture(self: GraphRunner) -> CaptureReport:
+    "Capture every bucket, largest first (later graphs reuse the pool the first one grew)."
+    cuda = self.device.type == "cuda"
+    if cuda: torch.cuda.synchronize(self.device)
+    before, start = torch.cuda.mem_get_info(self.device)[0] if cuda else None, time.perf_counter()
+    for rows in sorted(self.batch_sizes, reverse=True):
+        for pages in sorted(self.page_counts, reverse=True):
+            flat = self._padding_inputs(rows, pages)
+            self._static[:len(flat)].copy_(flat)
+            graph = self._make_graph(self._pool)
+            graph.capture(self._forward(rows, pages))
+            self.graphs[rows, pages] = graph
+    if cuda: torch.cuda.synchronize(self.device)
+    used = before - torch.cuda.mem_get_info(self.device)[0] if cuda else None
+    self.capture_report = CaptureReport(len(self.graphs), time.perf_counter() - start, used)
+    return self.capture_report
 
-    def static_inputs(self, plan: TickPlan, rows: int, pages: int) -> torch.Tensor:
-        "The bucket's inputs on the host: the tick's rows first, padding rows after."
-        flat = self._padding_inputs(rows, pages)
-        ids, positions, slots, contexts, tables = self._views(rows, pages, flat)
-        n = len(plan.chunks)
-        own = self.page_table_buffer[[self._row(c.seq) for c in plan.chunks], :pages]  # [n, pages]
-        starts = torch.tensor([c.start for c in plan.chunks])
-        ids[:n] = torch.tensor([c.token_ids[0] for c in plan.chunks])
-        positions[:n], contexts[:n], tables[:n] = starts, starts + 1, own
-        slots[:n] = own[torch.arange(n), starts // self.page_size] * self.page_size + starts % self.page_size
-        return flat
+# %% ../../nbs/17_gpu.ipynb #07914bb3
+@patch
+def bucket(self: GraphRunner, plan: TickPlan) -> tuple[int, int] | None:
+    "The (rows, pages) graph that runs this tick, or None: not decode-only, or larger than every bucket."
+    if not plan.is_decode_only: return None
+    rows = bucket_for(len(plan.chunks), self.batch_sizes)
+    pages = bucket_for(max(pages_needed(c.start + 1, self.page_size) for c in plan.chunks), self.page_counts)
+    return None if rows is None or pages is None else (rows, pages)
 
-    @torch.inference_mode()
-    def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
-        "A graph's logits for a decode-only tick that fits a bucket (untimed); otherwise the eager forward."
-        bucket = self.bucket(plan) if self.graphs and timer is None else None
-        if bucket is None:
-            self.num_eager += 1
-            return super().run(plan, timer)
-        flat = self.static_inputs(plan, *bucket)
-        if self.device.type == "cuda": flat = flat.pin_memory()
-        self._static[:len(flat)].copy_(flat, non_blocking=True)  # the tick's one copy to the device
-        graph = self.graphs[bucket]
-        graph.replay()
-        self.num_replays += 1
-        return graph.output[:len(plan.chunks)]
+
+@patch
+def static_inputs(self: GraphRunner, plan: TickPlan, rows: int, pages: int) -> torch.Tensor:
+    "The bucket's inputs on the host: the tick's rows first, padding rows after."
+    flat = self._padding_inputs(rows, pages)
+    ids, positions, slots, contexts, tables = self._views(rows, pages, flat)
+    n = len(plan.chunks)
+    own = self.page_table_buffer[[self._row(c.seq) for c in plan.chunks], :pages]  # [n, pages]
+    starts = torch.tensor([c.start for c in plan.chunks])
+    ids[:n] = torch.tensor([c.token_ids[0] for c in plan.chunks])
+    positions[:n], contexts[:n], tables[:n] = starts, starts + 1, own
+    slots[:n] = own[torch.arange(n), starts // self.page_size] * self.page_size + starts % self.page_size
+    return flat
+
+
+@patch
+@torch.inference_mode()
+def run(self: GraphRunner, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
+    "A graph's logits for a decode-only tick that fits a bucket (untimed); otherwise the eager forward."
+    bucket = self.bucket(plan) if self.graphs and timer is None else None
+    if bucket is None:
+        self.num_eager += 1
+        return super(GraphRunner, self).run(plan, timer)
+    flat = self.static_inputs(plan, *bucket)
+    if self.device.type == "cuda": flat = flat.pin_memory()
+    self._static[:len(flat)].copy_(flat, non_blocking=True)  # the tick's one copy to the device
+    graph = self.graphs[bucket]
+    graph.replay()
+    self.num_replays += 1
+    return graph.output[:len(plan.chunks)]
 
 # %% ../../nbs/17_gpu.ipynb #d80cc2c9
 GRAPH_MAX_CONTEXT = 8192  # decode ticks whose rows reach past this many tokens run eagerly (fewer graphs to capture)

@@ -30,8 +30,8 @@ from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, C
 # %% auto #0
 __all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S',
            'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body', 'openapi_with',
-           'parsed', 'create_app', 'num_prompts', 'completion_prompts', 'cache_report_body', 'add_inspection_routes',
-           'served_name', 'serve']
+           'parsed', 'add_status_routes', 'add_generation_routes', 'create_app', 'num_prompts', 'completion_prompts',
+           'cache_report_body', 'add_inspection_routes', 'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -93,29 +93,15 @@ async def parsed(request: Request, model):
     "JSON parsing and validation grow with the body: both run on a worker thread."
     return await asyncio.to_thread(parse_body, model, await request.body())
 
-# %% ../../nbs/13_server.ipynb #d050d2f7
+# %% ../../nbs/13_server.ipynb #d01e4681
 def _tier(total: int, free: int, used: int, cached: int) -> dict[str, int]:
     "One KV tier's pages for /health: free + used + cached = total (on the host, used pages hold preempted requests)."
     return {"total": total, "free": free, "used": used, "cached": cached}
 
 
-def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
-    "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
-    docs = {} if settings.api_key is None else {"docs_url": None, "redoc_url": None}  # their pages could not send it
-    app = FastAPI(title="Helios", version="1", **docs)
-    metrics = ServerMetrics(llm, settings.served_model_name)
-    app.state.llm, app.state.metrics, app.state.settings = llm, metrics, settings
-    count = lambda status: metrics.errors.labels(**metrics.labels, status=str(status)).inc()
-    install_error_handlers(app, count)
-    app.add_middleware(Edge, rules=settings.edge, count=count)
-    name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
-    max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
-    grammars = llm.engine.grammars
-
-    def check_sequences(prompts: int, n: int):
-        if prompts * n > llm.engine_config.max_queue:
-            raise APIError(400, f"the request asks for {prompts * n} sequences ({prompts} prompts x n={n}); "
-                                f"the wait list holds at most {llm.engine_config.max_queue}", param="n")
+def add_status_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
+    "GET /health (and HEAD, for load balancers), GET /metrics (Prometheus text) and GET /v1/models."
+    name, context = settings.served_model_name, llm.config.max_position_embeddings
 
     @app.head("/health", include_in_schema=False)  # what load balancers probe with
     @app.get("/health")
@@ -139,7 +125,17 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
                                             "owned_by": "helios", "max_model_len": context}]}
 
-    app.openapi = lambda: openapi_with(app, REQUEST_MODELS)
+# %% ../../nbs/13_server.ipynb #f218cb73
+def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
+    "POST /v1/completions and POST /v1/chat/completions: checked, submitted, answered whole or as a stream."
+    name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
+    max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
+    grammars = llm.engine.grammars
+
+    def check_sequences(prompts: int, n: int):
+        if prompts * n > llm.engine_config.max_queue:
+            raise APIError(400, f"the request asks for {prompts * n} sequences ({prompts} prompts x n={n}); "
+                                f"the wait list holds at most {llm.engine_config.max_queue}", param="n")
 
     @app.post("/v1/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request):
@@ -180,6 +176,19 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
         return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, shape,
                          settings.wants_timings(body)).respond(request)
 
+# %% ../../nbs/13_server.ipynb #d050d2f7
+def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
+    "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
+    docs = {} if settings.api_key is None else {"docs_url": None, "redoc_url": None}  # their pages could not send it
+    app = FastAPI(title="Helios", version="1", **docs)
+    metrics = ServerMetrics(llm, settings.served_model_name)
+    app.state.llm, app.state.metrics, app.state.settings = llm, metrics, settings
+    count = lambda status: metrics.errors.labels(**metrics.labels, status=str(status)).inc()
+    install_error_handlers(app, count)
+    app.add_middleware(Edge, rules=settings.edge, count=count)
+    app.openapi = lambda: openapi_with(app, REQUEST_MODELS)
+    add_status_routes(app, llm, settings, metrics)
+    add_generation_routes(app, llm, settings, metrics)
     add_inspection_routes(app, llm, settings)
     return app
 

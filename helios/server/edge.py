@@ -50,7 +50,7 @@ def _is_json(content_type: bytes | None) -> bool:
     kind = content_type.decode("latin-1").split(";")[0].strip().lower()
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
-
+# %% ../../nbs/13_server.ipynb #78a5b95f
 class Edge:
     """ASGI middleware in front of the app: the key first, then the size and type of the body.
 
@@ -96,7 +96,7 @@ class Edge:
             if not message.get("more_body", False): break
         return b"".join(chunks)
 
-
+# %% ../../nbs/13_server.ipynb #f4be1721
 def _replay(body: bytes, receive):
     "An ASGI receive that gives the buffered body once, then whatever the client sends next."
     sent = False

@@ -85,7 +85,7 @@ def validation_error(errors: list[dict]) -> APIError:
         message += f", got {shown(first['input'])}"
     return APIError(400, f"{where}: {message}" if where else message, param=where)
 
-
+# %% ../../nbs/13_server.ipynb #22e11db7
 def http_error(request: Request, exc: HTTPException) -> APIError:
     "Starlette's own errors (unknown path, wrong method, unparsable body) in OpenAI's shape."
     method, path = request.method, request.url.path

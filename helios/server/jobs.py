@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastcore.basics import patch
 
 from ..engine import EngineError, RequestOutput, StreamEvent
 from ..llm import LLM
@@ -79,126 +80,150 @@ class Job:
     def _cancel_unfinished(self):
         for r in self.requests: r.cancel()
 
-    async def _collect(self, streams, request: Request) -> Response:
-        outputs: dict[int, RequestOutput] = {}
+# %% ../../nbs/13_server.ipynb #cb3bc1b9
+@patch
+async def _collect(self: Job, streams, request: Request) -> Response:
+    outputs: dict[int, RequestOutput] = {}
 
-        async def consume():
-            async for p, event in merged(streams):
-                if event.index >= 0: continue
-                if event.error: raise APIError(500, event.error)
-                outputs[p] = event.output
-
-        task = asyncio.create_task(consume())
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-                if not task.done() and await request.is_disconnected():
-                    return Response(status_code=499)  # nobody is listening; the finally cancels the work
-            task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            self._cancel_unfinished()
-        for out in outputs.values(): self.metrics.observe(out)
-        if any(c.finish_reason == ABORTED for out in outputs.values() for c in out.outputs): raise shutdown_error()
-        return JSONResponse(self._final_body([outputs[p] for p in range(len(self.prompts))]))
-
-    def _final_body(self, outs: list[RequestOutput]) -> dict:
-        choices, n = [], self.params.n
-        for p, out in enumerate(outs):
-            for c in out.outputs:
-                choices.append(self._choice(p * n + c.index, out, c))
-        body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices,
-                "usage": self._usage(outs)}
-        return {**body, **self._timings(outs)}
-
-    def _usage(self, outs: list[RequestOutput]) -> dict:
-        return usage(sum(len(o.prompt_token_ids) for o in outs),
-                     sum(len(c.token_ids) for o in outs for c in o.outputs), sum(o.cached_tokens for o in outs))
-
-    def _timings(self, outs: list[RequestOutput]) -> dict:
-        "{'timings': ...} when asked: one prompt's object, or a list with one per prompt."
-        if not self.timings or not outs: return {}
-        each = [timings_json(o.metrics) for o in outs]
-        return {"timings": each[0] if len(self.prompts) == 1 else each}
-
-    def _choice(self, index: int, out: RequestOutput, c) -> dict:
-        tok = self.llm.tokenizer
-        if self.chat:
-            lp = chat_logprobs(tok, c.token_ids, c.logprobs) if c.logprobs is not None else None
-            message, called = self.shape.message(c.text)
-            return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason(c.finish_reason, called)}
-        prefix = (out.prompt or tok.decode(out.prompt_token_ids)) if self.body.echo else ""
-        lp = completion_logprobs(tok, c.token_ids, c.logprobs, len(prefix)) if c.logprobs is not None else None
-        return {"index": index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason}
-
-    async def _sse(self, streams) -> AsyncIterator[str]:
-        "The stream: always ends with [DONE], after an error event if something failed on the way."
-        try:
-            async for chunk in self._sse_chunks(streams): yield chunk
-        except Exception as e:  # a failure while answering: this stream ends in an error event, nothing else does
-            traceback.print_exc()
-            yield sse(error_body(f"the stream failed: {type(e).__name__}: {e}", "internal_error"))
-        finally:
-            self._cancel_unfinished()
-        yield SSE_DONE
-
-    async def _sse_chunks(self, streams) -> AsyncIterator[str]:
-        n, finished = self.params.n, {}
-        deltas: dict[int, ChatDeltas] = {}   # chat: each choice's parser, by choice index
-        if self.chat:
-            for k in range(n): yield self._chunk(k, {"role": "assistant", "content": ""}, None)
-        elif self.body.echo:
-            for p, (text, ids) in enumerate(self.prompts):
-                for k in range(n): yield self._chunk(p * n + k, text or self.llm.tokenizer.decode(ids), None)
+    async def consume():
         async for p, event in merged(streams):
-            if event.index < 0:
-                if event.error:
-                    yield sse(error_body(event.error, "internal_error"))
-                    return
-                finished[p] = event.output
-                self.metrics.observe(event.output)
-                for chunk in self._final_chunks(p, event.output, deltas): yield chunk
-                continue
-            index = p * n + event.index
-            delta = self._chat_deltas(deltas, index).feed(event.delta) if self.chat else event.delta
-            if not delta and event.logprobs is None: continue
-            yield self._chunk(index, delta, None, self._delta_logprobs(event))
-        if self.body.stream_options and self.body.stream_options.include_usage:
-            outs = [finished[p] for p in sorted(finished)]
-            yield sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
-                       "choices": [], "usage": self._usage(outs), **self._timings(outs)})
+            if event.index >= 0: continue
+            if event.error: raise APIError(500, event.error)
+            outputs[p] = event.output
 
-    def _chat_deltas(self, deltas: dict, index: int) -> ChatDeltas:
-        if index not in deltas: deltas[index] = ChatDeltas(self.shape)
-        return deltas[index]
+    task = asyncio.create_task(consume())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                return Response(status_code=499)  # nobody is listening; the finally cancels the work
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._cancel_unfinished()
+    for out in outputs.values(): self.metrics.observe(out)
+    if any(c.finish_reason == ABORTED for out in outputs.values() for c in out.outputs): raise shutdown_error()
+    return JSONResponse(self._final_body([outputs[p] for p in range(len(self.prompts))]))
 
-    def _final_chunks(self, p: int, out: RequestOutput, deltas: dict) -> list[str]:
-        "The chunks that end a prompt's choices: what its parsers held back, then each finish_reason."
-        chunks, n = [], self.params.n
-        for i, c in enumerate(out.outputs):
-            index, reason = p * n + c.index, c.finish_reason
-            if self.chat:
-                stream = self._chat_deltas(deltas, index)
-                if rest := stream.finish(): chunks.append(self._chunk(index, rest, None))
-                reason = finish_reason(reason, stream.num_calls > 0)
-            last = i == len(out.outputs) - 1    # a prompt's timings ride on its last chunk
-            extra = {"timings": timings_json(out.metrics)} if self.timings and last else {}
-            chunks.append(self._chunk(index, {} if self.chat else "", reason, extra=extra))
-        return chunks
+# %% ../../nbs/13_server.ipynb #c7f43522
+@patch
+def _final_body(self: Job, outs: list[RequestOutput]) -> dict:
+    choices, n = [], self.params.n
+    for p, out in enumerate(outs):
+        for c in out.outputs:
+            choices.append(self._choice(p * n + c.index, out, c))
+    body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices,
+            "usage": self._usage(outs)}
+    return {**body, **self._timings(outs)}
 
-    def _chunk_object(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def _delta_logprobs(self, event: StreamEvent):
-        if event.logprobs is None: return None
-        tok = self.llm.tokenizer
-        if self.chat: return chat_logprobs(tok, event.token_ids, [event.logprobs])
-        return completion_logprobs(tok, event.token_ids, [event.logprobs])
+@patch
+def _usage(self: Job, outs: list[RequestOutput]) -> dict:
+    return usage(sum(len(o.prompt_token_ids) for o in outs),
+                 sum(len(c.token_ids) for o in outs for c in o.outputs), sum(o.cached_tokens for o in outs))
 
-    def _chunk(self, index: int, delta, finish_reason, logprobs=None, extra: dict | None = None) -> str:
-        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
-        choice.update({"delta": delta} if self.chat else {"text": delta})
-        return sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
-                    "choices": [choice], **(extra or {})})
+
+@patch
+def _timings(self: Job, outs: list[RequestOutput]) -> dict:
+    "{'timings': ...} when asked: one prompt's object, or a list with one per prompt."
+    if not self.timings or not outs: return {}
+    each = [timings_json(o.metrics) for o in outs]
+    return {"timings": each[0] if len(self.prompts) == 1 else each}
+
+
+@patch
+def _choice(self: Job, index: int, out: RequestOutput, c) -> dict:
+    tok = self.llm.tokenizer
+    if self.chat:
+        lp = chat_logprobs(tok, c.token_ids, c.logprobs) if c.logprobs is not None else None
+        message, called = self.shape.message(c.text)
+        return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason(c.finish_reason, called)}
+    prefix = (out.prompt or tok.decode(out.prompt_token_ids)) if self.body.echo else ""
+    lp = completion_logprobs(tok, c.token_ids, c.logprobs, len(prefix)) if c.logprobs is not None else None
+    return {"index": index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason}
+
+# %% ../../nbs/13_server.ipynb #d859537d
+@patch
+async def _sse(self: Job, streams) -> AsyncIterator[str]:
+    "The stream: always ends with [DONE], after an error event if something failed on the way."
+    try:
+        async for chunk in self._sse_chunks(streams): yield chunk
+    except Exception as e:  # a failure while answering: this stream ends in an error event, nothing else does
+        traceback.print_exc()
+        yield sse(error_body(f"the stream failed: {type(e).__name__}: {e}", "internal_error"))
+    finally:
+        self._cancel_unfinished()
+    yield SSE_DONE
+
+
+@patch
+async def _sse_chunks(self: Job, streams) -> AsyncIterator[str]:
+    n, finished = self.params.n, {}
+    deltas: dict[int, ChatDeltas] = {}   # chat: each choice's parser, by choice index
+    if self.chat:
+        for k in range(n): yield self._chunk(k, {"role": "assistant", "content": ""}, None)
+    elif self.body.echo:
+        for p, (text, ids) in enumerate(self.prompts):
+            for k in range(n): yield self._chunk(p * n + k, text or self.llm.tokenizer.decode(ids), None)
+    async for p, event in merged(streams):
+        if event.index < 0:
+            if event.error:
+                yield sse(error_body(event.error, "internal_error"))
+                return
+            finished[p] = event.output
+            self.metrics.observe(event.output)
+            for chunk in self._final_chunks(p, event.output, deltas): yield chunk
+            continue
+        index = p * n + event.index
+        delta = self._chat_deltas(deltas, index).feed(event.delta) if self.chat else event.delta
+        if not delta and event.logprobs is None: continue
+        yield self._chunk(index, delta, None, self._delta_logprobs(event))
+    if self.body.stream_options and self.body.stream_options.include_usage:
+        outs = [finished[p] for p in sorted(finished)]
+        yield sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
+                   "choices": [], "usage": self._usage(outs), **self._timings(outs)})
+
+
+@patch
+def _chat_deltas(self: Job, deltas: dict, index: int) -> ChatDeltas:
+    if index not in deltas: deltas[index] = ChatDeltas(self.shape)
+    return deltas[index]
+
+# %% ../../nbs/13_server.ipynb #f23f4b79
+@patch
+def _final_chunks(self: Job, p: int, out: RequestOutput, deltas: dict) -> list[str]:
+    "The chunks that end a prompt's choices: what its parsers held back, then each finish_reason."
+    chunks, n = [], self.params.n
+    for i, c in enumerate(out.outputs):
+        index, reason = p * n + c.index, c.finish_reason
+        if self.chat:
+            stream = self._chat_deltas(deltas, index)
+            if rest := stream.finish(): chunks.append(self._chunk(index, rest, None))
+            reason = finish_reason(reason, stream.num_calls > 0)
+        last = i == len(out.outputs) - 1    # a prompt's timings ride on its last chunk
+        extra = {"timings": timings_json(out.metrics)} if self.timings and last else {}
+        chunks.append(self._chunk(index, {} if self.chat else "", reason, extra=extra))
+    return chunks
+
+
+@patch
+def _chunk_object(self: Job) -> str:
+    return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+@patch
+def _delta_logprobs(self: Job, event: StreamEvent):
+    if event.logprobs is None: return None
+    tok = self.llm.tokenizer
+    if self.chat: return chat_logprobs(tok, event.token_ids, [event.logprobs])
+    return completion_logprobs(tok, event.token_ids, [event.logprobs])
+
+
+@patch
+def _chunk(self: Job, index: int, delta, finish_reason, logprobs=None, extra: dict | None = None) -> str:
+    choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+    choice.update({"delta": delta} if self.chat else {"text": delta})
+    return sse({"id": self.id, "object": self._chunk_object(), "created": self.created, "model": self.model,
+                "choices": [choice], **(extra or {})})

@@ -51,7 +51,7 @@ class ServerMetrics:
         self.prompt_tokens.labels(**lab).inc(len(out.prompt_token_ids))
         self.generation_tokens.labels(**lab).inc(m.num_output_tokens)
 
-
+# %% ../../nbs/13_server.ipynb #a40db989
 class _EngineCollector:
     "Gauges and counters read from the engine at scrape time."
     def __init__(self, llm: LLM, model_name: str):

@@ -44,7 +44,7 @@ def check_structure(raw: bytes):
         raise APIError(400, f"the body holds {nodes:,} JSON arrays, objects and members; a request may hold at most "
                             f"{MAX_JSON_NODES:,}")
 
-
+# %% ../../nbs/13_server.ipynb #60cb8e39
 def documented(**bounds) -> Field:
     "A range shown in the OpenAPI spec; the check itself is SamplingParams' (chapter 07), so it is written once."
     return Field(json_schema_extra=bounds)
@@ -107,7 +107,7 @@ class ResponseFormat(BaseModel):
             raise ValueError("type 'json_schema' needs a json_schema object: {\"name\", \"schema\"}")
         return self
 
-
+# %% ../../nbs/13_server.ipynb #09ff9cd3
 class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: Name
@@ -136,7 +136,7 @@ ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag(
                              Annotated[NamedToolChoice, Tag("a function")]],
                        Discriminator(lambda value: "a function" if isinstance(value, (dict, NamedToolChoice)) else "a string")]
 
-
+# %% ../../nbs/13_server.ipynb #7fbc0a5a
 def check_template_kwargs(kwargs: dict) -> dict:
     "Template variables a request may set: names a template can read, none that the renderer sets itself."
     for key in kwargs:
@@ -233,7 +233,7 @@ ROLE_RULES = {"anyOf": [
     {"properties": {"role": {"const": "tool"}, **_NO_CALLS, "tool_call_id": {"type": "string"}},
      "required": ["content", "tool_call_id"]}]}
 
-
+# %% ../../nbs/13_server.ipynb #8371b2fe
 class ChatMessage(BaseModel):
     """One message: a role and its content, a string or a non-empty list of text parts.
 
@@ -284,7 +284,7 @@ class ChatMessage(BaseModel):
         if self.tool_call_id is not None: message["tool_call_id"] = self.tool_call_id
         return message
 
-
+# %% ../../nbs/13_server.ipynb #1df167b9
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
