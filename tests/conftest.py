@@ -130,16 +130,17 @@ def tiny_folder(tmp_path_factory, smollm2_gguf):
 @pytest.fixture(scope="session")
 def tiny_tools_folder(tmp_path_factory, smollm2_gguf):
     """A tiny random Qwen3 with SmolLM2's tokenizer plus Qwen3's tool and think tags (added, not special, tokens)
-    and a chat template in the shape of Qwen3's (tests/chat_templates/qwen3_style.jinja)."""
+    and a chat template in the shape of Qwen3's (the one Helios ships: helios/templates/qwen3_style.jinja)."""
     import json
     from tokenizers import AddedToken
     from helios.tokenizer import load_tokenizer
+    from helios.tools import packaged_chat_template
     tok = load_tokenizer(smollm2_gguf)
     tok.backend.add_tokens([AddedToken(t, special=False, normalized=False)
                             for t in ("<tool_call>", "</tool_call>", "<think>", "</think>")])
     folder = save_tiny("qwen3_tied", tmp_path_factory.mktemp("tools"), vocab_size=tok.vocab_size)
     tok.backend.save(str(folder / "tokenizer.json"))
-    template = (Path(__file__).parent / "chat_templates" / "qwen3_style.jinja").read_text()
+    template = packaged_chat_template("qwen3_style")
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
     return folder
 

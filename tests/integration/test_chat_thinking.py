@@ -1,4 +1,4 @@
-"""`LLM.chat(..., enable_thinking=False)` reaches a Qwen3-shaped chat template (tests/chat_templates/qwen3_style.jinja):
+"""`LLM.chat(..., enable_thinking=False)` reaches a Qwen3-shaped chat template (helios/templates/qwen3_style.jinja):
 the prompt the engine runs is the template's, rendered with the keyword."""
 from conftest import TEST_KV_BYTES
 

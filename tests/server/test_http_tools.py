@@ -225,12 +225,12 @@ def test_no_reasoning_field_for_a_template_without_thinking(tiny_folder):
 def test_auto_on_the_default_model_is_recorded(smollm2_llm_factory, capsys):
     """SmolLM2-135M-Instruct's own template has no tools, so its tokenizer is given the Qwen3-shaped one: what the
     model does with `auto` is printed, not asserted (a 135M model may or may not call the tool)."""
-    from pathlib import Path
     from fastapi.testclient import TestClient
     from helios.server.app import ServerSettings, create_app
     from helios.tokenizer import Tokenizer
+    from helios.tools import packaged_chat_template
     llm = smollm2_llm_factory()
-    template = (Path(__file__).parents[1] / "chat_templates" / "qwen3_style.jinja").read_text()
+    template = packaged_chat_template("qwen3_style")
     tok = llm.tokenizer
     llm.tokenizer = Tokenizer(tok.backend, template, tok.eos_token_ids, tok.bos_token, tok.eos_token)
     client = TestClient(create_app(llm, ServerSettings("smollm2")))
