@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from fastcore.basics import patch
 
 from .config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_KV_OFFLOAD_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig
 from .model.qwen3 import CausalLM
@@ -45,16 +46,17 @@ from .registry import Implementation, choose
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ModelRunner', 'build_model_runner', 'compile_layers', 'weight_bytes',
-           'kv_budget_bytes', 'kv_offload_budget_bytes', 'Engine', 'validate_prompt', 'validate_logit_bias',
-           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
+__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'InboxMessage', 'ModelRunner', 'build_model_runner', 'compile_layers', 'SubmitRequest',
+           'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
+           'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'Engine', 'warm_up_batch_sizes',
+           'WarmUp', 'warm_up_forwards', 'cache_report']
 
-# %% ../nbs/11_engine.ipynb #a891566e
+# %% ../nbs/11_engine.ipynb #740514fd
 class ModelRunner:
     "Packs a tick's tokens, runs one forward, returns logits where sequences sample."
     def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend):
         self.model, self.kv, self.page_size, self.backend = model, kv, kv.page_size, backend
-        self.device = model.model.embed_tokens.weight.device
+        self.device = model.device
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long)  # on the host
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self._row_of: dict[int, tuple[int, int, int]] = {}  # seq_id -> (row, pages written, the table's preemption count)
@@ -76,27 +78,31 @@ class ModelRunner:
     def close(self):
         "The engine stopped; a runner with processes of its own stops them here (chapter 16). This one has none."
 
-    def batch(self, plan: TickPlan) -> PagedBatch:
-        "The tick's tokens and metadata, made on the host and moved to the device in one copy."
-        rows = [self._row(c.seq) for c in plan.chunks]
-        used = max(pages_needed(c.start + c.num_tokens, self.page_size) for c in plan.chunks)
-        sampling = [i for i, c in enumerate(plan.chunks) if c.samples]
-        num_logits = [plan.chunks[i].num_logits for i in sampling]  # a drafting decode: at each of its tokens
-        every_token = sum(num_logits) == plan.num_tokens  # decode-only (drafts included): all, in order
-        return build_paged_batch(self.page_table_buffer[rows, :used], [c.start for c in plan.chunks],
-                                 [c.num_tokens for c in plan.chunks], self.page_size, self.device,
-                                 [t for c in plan.chunks for t in c.token_ids], None if every_token else sampling,
-                                 None if every_token else num_logits)
-
-    @torch.inference_mode()
-    def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
-        "Logits [sum of the chunks' num_logits, vocab] (float32), in plan order; timer: time attention (chapter 15)."
-        batch = self.batch(plan)
-        kv = PagedKV(self.kv, batch, self.backend, timer)
-        logits = self.model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=self.backend.run_layer)
-        return logits[0]
+# %% ../nbs/11_engine.ipynb #9dcc76a6
+@patch
+def batch(self: ModelRunner, plan: TickPlan) -> PagedBatch:
+    "The tick's tokens and metadata, made on the host and moved to the device in one copy."
+    rows = [self._row(c.seq) for c in plan.chunks]
+    used = max(pages_needed(c.start + c.num_tokens, self.page_size) for c in plan.chunks)
+    sampling = [i for i, c in enumerate(plan.chunks) if c.samples]
+    num_logits = [plan.chunks[i].num_logits for i in sampling]  # a drafting decode: at each of its tokens
+    every_token = sum(num_logits) == plan.num_tokens  # decode-only (drafts included): all, in order
+    return build_paged_batch(self.page_table_buffer[rows, :used], [c.start for c in plan.chunks],
+                             [c.num_tokens for c in plan.chunks], self.page_size, self.device,
+                             [t for c in plan.chunks for t in c.token_ids], None if every_token else sampling,
+                             None if every_token else num_logits)
 
 
+@patch
+@torch.inference_mode()
+def run(self: ModelRunner, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
+    "Logits [sum of the chunks' num_logits, vocab] (float32), in plan order; timer: time attention (chapter 15)."
+    batch = self.batch(plan)
+    kv = PagedKV(self.kv, batch, self.backend, timer)
+    logits = self.model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=self.backend.run_layer)
+    return logits[0]
+
+# %% ../nbs/11_engine.ipynb #16e50299
 def build_model_runner(model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend,
                        **_) -> ModelRunner:
     "The `eager` runner: every tick's forward runs op by op, as PyTorch executes it."
@@ -112,13 +118,12 @@ def compile_layers(model: CausalLM, mode: str | None = None) -> float:
     page tables, stays eager), then run each once at 1 and 2 tokens so that compiling happens now, at start-up.
     Returns the seconds it took. Chapter 17 measures where it pays."""
     start = time.perf_counter()
-    weights = model.model.embed_tokens.weight
     parts = [getattr(layer, name) for layer in model.model.layers
              for name in ("input_layernorm", "post_attention_layernorm", "mlp")]
     for part in parts: part.compile(dynamic=True, mode=mode)
     with torch.inference_mode():
         for tokens in (1, 2):  # one token is a shape of its own to torch.compile
-            x = torch.zeros(1, tokens, model.config.hidden_size, dtype=weights.dtype, device=weights.device)
+            x = torch.zeros(1, tokens, model.config.hidden_size, dtype=model.dtype, device=model.device)
             for part in parts: part(x)
     return time.perf_counter() - start
 
@@ -140,7 +145,39 @@ class _Request:
     @property
     def finished(self) -> bool: return all(c.finished for c in self.completions)
 
-# %% ../nbs/11_engine.ipynb #d3652f7e
+# %% ../nbs/11_engine.ipynb #9adae2c5
+@dataclass(frozen=True)
+class SubmitRequest:
+    "Take in a request that submit() checked and built."
+    request: _Request
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    "End a request as cancelled (nothing, if it has ended already)."
+    request_id: str
+
+
+@dataclass(frozen=True)
+class InspectCache:
+    "Put a CacheReport on `reply`, read between ticks by the thread that owns the pages."
+    reply: queue.Queue
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    "shutdown()'s grace has run out: end every request still there as \"abort\"."
+
+
+@dataclass(frozen=True)
+class StopEngine:
+    "No forward can run any more (stop_on_error): end every request with `reason` and stop."
+    reason: str
+
+
+InboxMessage = SubmitRequest | CancelRequest | InspectCache | AbortRequests | StopEngine
+
+# %% ../nbs/11_engine.ipynb #c158d123
 def weight_bytes(model: torch.nn.Module) -> int:
     "Bytes of parameters, buffers and fbgemm-packed weights (chapter 15 pre-packs them; oneDNN's are buffers)."
     tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
@@ -162,7 +199,7 @@ def kv_offload_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     if device.type != "cuda": return 0
     return min(DEFAULT_GPU_KV_OFFLOAD_BYTES, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4)
 
-
+# %% ../nbs/11_engine.ipynb #0d2584f9
 def _untimed(part: str) -> nullcontext:
     "The timer of an untimed tick: times nothing."
     return nullcontext()
@@ -172,402 +209,6 @@ def _attempt(fn: Callable, *args):
     "fn(*args), or the exception it raised: how one request's step fails without failing its neighbours'."
     try: return fn(*args)
     except Exception as e: return e
-
-
-class Engine:
-    "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
-    def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
-                 config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
-                 make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None):
-        cfg = model.config
-        self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
-        weights = model.model.embed_tokens.weight
-        element = kv_dtype(config, weights.dtype)  # the pages': the model's, or kv_cache_dtype
-        # one page more than the budget's: the scratch page where rows that pad a CUDA graph's batch write (chapter 17)
-        self.kv = KVPool(cfg, num_pages, config.page_size, element, weights.device, scratch_page=True)
-        num_host_pages = num_host_pages_for_budget(cfg, kv_offload_budget_bytes(config, weights.device),
-                                                   config.page_size, element)
-        self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, element, pin=weights.is_cuda) if num_host_pages else None
-        self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
-        cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
-        self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
-        self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
-        max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
-        # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
-        # a fallback from a backend meant for this machine was warned about when it was chosen
-        self.attention_passed_over: tuple[str, ...] = ()  # why `auto` passed over better-ranked backends
-        if backend is None:
-            choice = choose_backend(cfg, element, weights.device, config.attention, dtype=weights.dtype)
-            backend, self.attention_passed_over = choice.value, choice.passed_over
-        self.compile_s = compile_layers(model, COMPILE_MODE.get(weights.device.type)) if config.compile else None
-        # the runner: the one given (chapter 16's), else the registry's for config.runner (auto: CUDA graphs where
-        # they run, chapter 17; else eager), with the reasons it passed over the others
-        if make_runner is None:
-            choice = choose("runner", config.runner, model=model, kv=self.kv, max_rows=config.max_batch_size,
-                            max_pages_per_seq=max_pages_per_seq, backend=backend, config=config)
-            self.runner, self.runner_passed_over = choice.value, choice.passed_over
-        else:
-            self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
-            self.runner_passed_over = ()
-        self.budget_summary = ((memory.describe() + "; " if memory else "")
-                               + describe_budget(cfg, num_pages, config.page_size, element, weight_bytes(model)) + "; "
-                               + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
-                               + f"; pages {config.kv_reservation}")
-        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
-        self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
-        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
-        self._inbox: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._num_submitted = 0                   # sequences in the inbox, not yet taken in (guarded by _lock)
-        self._requests: dict[str, _Request] = {}  # engine thread only
-        self._seq_owner: dict[int, tuple[_Request, int]] = {}
-        self._ids, self._seq_ids = itertools.count(), itertools.count()
-        self._wakeup = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.failure: str | None = None  # why the engine stopped for good (a FatalEngineError), once it has
-        self.on_failure: Callable[[str], None] | None = None  # told that reason, on the engine thread (the server exits)
-        self.warm_up: WarmUp | None = None  # what start(warm_up=True) ran, and how long it took
-        self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
-                              num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
-                              num_constrained_rows=0, grammar_mask_s=0.0)
-        self._stats = self._snapshot()
-
-    @classmethod
-    def create(cls, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
-        "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
-        weights = model.model.embed_tokens.weight
-        element = kv_dtype(config, weights.dtype)
-        choice = choose_backend(model.config, element, weights.device, config.attention, dtype=weights.dtype)
-        memory = None
-        if config.kv_cache_bytes is None and weights.is_cuda:
-            memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
-        budget = memory.kv_bytes if memory else kv_budget_bytes(config, weights.device)
-        num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
-        engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory)
-        engine.attention_passed_over = choice.passed_over
-        return engine
-
-    # ---- the caller's side (any thread) ----
-    def submit(self, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,
-               request_id: str | None = None, notify: Callable[[], None] | None = None) -> RequestHandle:
-        "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
-        validate_prompt(prompt_ids, self.model.config.vocab_size)
-        validate_logit_bias(params, self.model.config.vocab_size)
-        self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
-        # compiling a grammar checks it, and takes as long as the grammar needs: here, never on the engine thread
-        matchers = self.grammars.matchers(params.grammar, params.n) if params.grammar is not None else []
-        request_id = request_id or f"req-{next(self._ids)}"
-        handle = RequestHandle(request_id, notify)
-        req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
-                       matchers=matchers)
-        with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's "abort"
-            if self.failure: raise EngineError(f"the engine has stopped: {self.failure}")
-            if self._stopping: raise EngineError("the engine is shutting down")
-            if self._num_queued() + params.n > self.config.max_queue:
-                raise QueueFull(f"the wait list is full ({self.config.max_queue} sequences); retry shortly")
-            self._num_submitted += params.n
-            self._inbox.put(("add", req))
-        self._wakeup.set()
-        return handle
-
-    def _num_queued(self) -> int:
-        "Sequences waiting: in the inbox or on the scheduler's wait list (a length read is safe from any thread)."
-        return self._num_submitted + len(self.scheduler.waiting)
-
-    def cancel(self, request_id: str):
-        "Stop a request at the next tick and free its pages (a no-op if it already ended)."
-        self._inbox.put(("cancel", request_id))
-        self._wakeup.set()
-
-    def stats(self) -> EngineStats:
-        "The snapshot taken at the end of the latest tick, or when a request last ended (before its final event)."
-        return self._stats
-
-    def inspect_cache(self, timeout: float = 5.0) -> CacheReport:
-        "The prefix cache's blocks and the pool's pages, read by the engine thread (directly when none runs)."
-        if self._thread in (None, threading.current_thread()):  # driven by step(), or asked on the engine thread
-            return cache_report(self.pages, time.monotonic())
-        reply: queue.Queue[CacheReport] = queue.Queue(maxsize=1)
-        self._inbox.put(("inspect", reply))
-        self._wakeup.set()
-        try: return reply.get(timeout=timeout)
-        except queue.Empty: raise EngineError(f"the engine thread did not answer within {timeout} s") from None
-
-    # ---- the engine thread ----
-    def _snapshot(self) -> EngineStats:
-        cache = self.pages.prefix_cache
-        c = lambda name: getattr(cache, name) if cache else 0
-        pages, sched, copier = self.pages, self.scheduler, self.copier
-        return EngineStats(pages.num_pages, pages.num_free_pages, pages.num_cached_pages, pages.num_used_pages,
-                           c("lookups"), c("queried_tokens"), c("hit_pages"), c("hit_tokens"),
-                           len(sched.running), len(sched.waiting) + len(sched.resuming), **self._counters,
-                           num_host_pages=pages.num_host_pages, num_host_free_pages=pages.num_host_free_pages,
-                           num_host_cached_pages=pages.num_host_cached_pages, num_host_swapped_pages=pages.num_swapped_pages,
-                           num_preemptions=sched.num_preemptions, num_swapped=sched.num_swapped,
-                           num_recompute_tokens=sched.num_recompute_tokens, num_prompt_tokens=sched.num_prompt_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
-                           kv_bytes_to_host=copier.bytes_to_host if copier else 0,
-                           kv_bytes_to_device=copier.bytes_to_device if copier else 0,
-                           kv_copy_s=copier.seconds if copier else 0.0,
-                           num_draft_tokens=sched.num_draft_tokens, num_accepted_tokens=sched.num_accepted_tokens)
-
-    def _build(self, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
-        "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
-        n, seed, cfg = req.params.n, req.params.seed, self.config
-        drafts = cfg.speculative == "ngram" and req.params.grammar is None  # a grammar's masks go one token at a time
-        seqs = [Sequence(next(self._seq_ids), req.request_id, req.prompt_ids, req.params.max_tokens,
-                         req.metrics.arrival_s, cfg.page_size,
-                         drafter=NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max) if drafts else None)
-                for _ in range(n)]
-        completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
-        generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
-        return seqs, completions, generators
-
-    def _enqueue(self, req: _Request):
-        "Build a request's state and put its sequences on the wait list; if anything raises, nothing of it stays."
-        seqs, completions, generators = self._build(req)
-        self.scheduler.add(seqs)  # all or none; the queue bound was checked by submit()
-        req.seqs, req.completions, req.generators = seqs, completions, generators
-        self._requests[req.request_id] = req
-        for i, seq in enumerate(seqs): self._seq_owner[seq.seq_id] = (req, i)
-
-    def _accept(self, req: _Request):
-        "Take in a submitted request: onto the wait list, or, if building it raises, ended alone with an error."
-        failure = _attempt(self._enqueue, req)
-        with self._lock: self._num_submitted -= req.params.n  # out of the inbox count exactly once, either way
-        if isinstance(failure, Exception): self._fail_request(req, "accepting it", failure)
-
-    def _drain_inbox(self):
-        while True:
-            try: kind, item = self._inbox.get_nowait()
-            except queue.Empty: return
-            if kind == "add": self._accept(item)
-            elif kind == "inspect": item.put(cache_report(self.pages, time.monotonic()))  # item: a reply queue
-            elif kind == "abort":
-                for req in list(self._requests.values()): self._end(req, finish_reason="abort")
-            elif kind == "fatal": raise FatalEngineError(item)  # item: the reason, from stop_on_error()
-            elif item in self._requests: self._end(self._requests[item], finish_reason="cancelled")
-
-    def _end(self, req: _Request, finish_reason: str | None = None, error: str | None = None):
-        "Release every sequence of a request and send its final event."
-        now = time.monotonic()
-        for seq, completion in zip(req.seqs, req.completions):
-            self._retire(seq, now)
-            if not completion.finished: completion.finish_reason = finish_reason or "cancelled"
-        req.metrics.finished_s = now
-        if self._requests.get(req.request_id) is req: del self._requests[req.request_id]
-        self._counters["num_requests_finished"] += 1
-        self._counters["num_requests_cancelled"] += finish_reason == "cancelled"
-        self._counters["num_requests_aborted"] += finish_reason == "abort"
-        self._counters["num_requests_failed"] += error is not None
-        self._stats = self._snapshot()  # whoever sees the request end also sees its pages released
-        req.handle._push(StreamEvent(-1, "", [], None, None if error else self._output(req), error))
-
-    def _fail_request(self, req: _Request, stage: str, exc: Exception):
-        "One request's own step raised: end it alone, with an error that says where and what."
-        message = f"the engine failed while {stage}: {type(exc).__name__}: {str(exc)[:300]}"
-        _log.warning("request %s: %s", req.request_id, message)
-        _log.debug("request %s failed here:", req.request_id, exc_info=exc)
-        self._end(req, error=message)
-
-    def _retire(self, seq: Sequence, now: float):
-        self.scheduler.finish(seq, now)
-        self.runner.release(seq)
-        self._seq_owner.pop(seq.seq_id, None)
-
-    def _output(self, req: _Request) -> RequestOutput:
-        outs = [CompletionOutput(i, c.text, list(c.token_ids), c.finish_reason,
-                                 list(c.logprobs) if req.params.logprobs is not None else None)
-                for i, c in enumerate(req.completions)]
-        req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
-        req.metrics.num_output_tokens = sum(len(c.token_ids) for c in req.completions)
-        req.metrics.num_completions = len(req.completions)
-        req.metrics.prefix_lookup_s = sum(seq.prefix_lookup_s for seq in req.seqs)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, req.seqs[0].num_cached_tokens, req.metrics)
-
-    def step(self, timer: Timer | None = None) -> bool:
-        "One tick. Returns False when there was nothing to do. timer: time the tick's parts (chapter 15)."
-        part = timer or _untimed
-        self._drain_inbox()
-        now = time.monotonic()
-        self.pages.expire(now)
-        with part("scheduling"): plan = self.scheduler.schedule(now)
-        for seq in plan.preempted: self.runner.release(seq)  # its page-table row is rewritten when it resumes
-        if not plan:
-            self._stats = self._snapshot()
-            return False
-        for chunk in plan.chunks:
-            req = self._seq_owner[chunk.seq.seq_id][0]
-            if req.metrics.first_scheduled_s is None: req.metrics.first_scheduled_s = now
-        try:
-            masks = self._start_masks(plan)  # on the helper thread, while the forward runs
-            with part("forward"): logits = self.runner.run(plan, timer)
-            self.scheduler.on_computed(plan, time.monotonic())
-            with part("sampling and streaming"): self._sample_and_emit(plan, logits, masks)
-        except FatalEngineError:
-            raise  # nothing can run any more: the loop ends every request
-        except Exception:
-            self._fail(plan, traceback.format_exc(limit=3))
-        self._counters["num_ticks"] += 1
-        self._stats = self._snapshot()
-        return True
-
-    def _start_masks(self, plan: TickPlan) -> Future | None:
-        "Fill the masks of the tick's constrained rows (in sampling order) on the helper thread; None if there are none."
-        owners = [self._seq_owner[c.seq.seq_id] for c in plan.chunks if c.samples]
-        jobs = [MaskRow(r, req.matchers[i], tuple(self.grammars.eos_token_ids) if req.params.ignore_eos else ())
-                for r, (req, i) in enumerate(owners) if req.matchers]  # under ignore_eos, EOS taken out of the mask
-        return self._mask_worker.submit(fill_token_masks, self._token_masks, jobs, self.grammars.executor) if jobs else None
-
-    def _sample(self, logits: torch.Tensor, chunks: list, owners: list, masks: TickMasks | None) -> list[SampledToken | Exception]:
-        "Each sampling row's token, or the exception its own sampling (or its grammar's mask) raised."
-        params = [req.params for req, _ in owners]
-        seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
-        generated = [c.seq.output_ids for c in chunks]
-        masked, failed = (set(masks.rows), masks.failures) if masks else (set(), {})
-        # each row draws its number alone; picking is then a pure function of the logits, the draws and the masks
-        draws = [failed.get(r) or _attempt(draw_uniforms, [req.params], [req.generators[i]], logits.device)
-                 for r, (req, i) in enumerate(owners)]
-        rows = [r for r, d in enumerate(draws) if not isinstance(d, Exception)]
-
-        def pick(rs: list[int]) -> list[SampledToken]:
-            picked = logits if len(rs) == len(chunks) else logits[rs]
-            constrained = [j for j, r in enumerate(rs) if r in masked]
-            return pick_tokens(picked, [params[r] for r in rs], [draws[r][0] for r in rs], [seen[r] for r in rs],
-                               [generated[r] for r in rs], masks.masks[rs] if constrained else None, constrained)
-
-        tokens = _attempt(pick, rows) if rows else []
-        if isinstance(tokens, Exception):  # some row raised: retry row by row, so only the rows that raise fail
-            tokens = [_attempt(lambda r: pick([r])[0], r) for r in rows]
-        out = list(draws)
-        for r, token in zip(rows, tokens): out[r] = token
-        return out
-
-    def _sample_and_emit(self, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
-        """Sample and stream each sampling chunk's token. A drafting decode then goes on to its next logits row
-        while its token equals the draft's (chapter 09a's rule), and keeps the drafted tokens that held."""
-        chunks = [c for c in plan.chunks if c.samples]
-        if not chunks: return
-        masks = pending_masks.result() if pending_masks else None
-        if masks:
-            self._counters["num_constrained_rows"] += len(masks.rows)
-            self._counters["grammar_mask_s"] += masks.seconds
-        first_row = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))  # each chunk's, in logits
-        going, accepted, position = list(range(len(chunks))), [0] * len(chunks), 0
-        while going:
-            if position: going = [j for j in going if chunks[j].seq.seq_id in self._seq_owner]  # (a request ended)
-            rows = [first_row[j] + position for j in going]
-            group = [chunks[j] for j in going]
-            sampled = self._sample(logits if len(rows) == len(logits) else logits[rows], group,
-                                   [self._seq_owner[c.seq.seq_id] for c in group], None if position else masks)
-            now = time.monotonic()
-            going = [j for j, token in zip(going, sampled) if self._emit(chunks[j], token, now)
-                     and position < chunks[j].num_draft_tokens and token.token_id == chunks[j].draft_ids[position]]
-            for j in going: accepted[j] += 1
-            position += 1
-        for chunk, n in zip(chunks, accepted):
-            if chunk.num_draft_tokens and chunk.seq.status is SeqStatus.RUNNING: self.scheduler.accept_draft(chunk.seq, n)
-
-    def _emit(self, chunk: ScheduledChunk, token: SampledToken | Exception, now: float) -> bool:
-        "Append a sampled token to its sequence and completion and stream it; False once the sequence has ended."
-        if chunk.seq.seq_id not in self._seq_owner: return False  # its request already ended during this tick
-        req, i = self._seq_owner[chunk.seq.seq_id]
-        if isinstance(token, Exception):
-            self._fail_request(req, "sampling its next token", token)
-            return False
-        chunk.seq.output_ids.append(token.token_id)
-        self._counters["num_generated_tokens"] += 1
-        if req.metrics.first_token_s is None: req.metrics.first_token_s = now
-        completion = req.completions[i]
-        delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
-        if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
-            stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
-            self._fail_request(req, stage, delta)
-            return False
-        req.handle._push(StreamEvent(i, delta, [token.token_id], token.logprobs))
-        if completion.finished:
-            self._retire(chunk.seq, now)
-            if req.finished: self._end(req)
-            return False
-        return True
-
-    def _fail(self, plan: TickPlan, message: str):
-        "The forward raised: fail the requests of this tick, keep serving the rest."
-        failed = {self._seq_owner[c.seq.seq_id][0].request_id: self._seq_owner[c.seq.seq_id][0]
-                  for c in plan.chunks if c.seq.seq_id in self._seq_owner}
-        for req in failed.values():
-            self._end(req, error=f"the engine failed while running this request: {message.strip().splitlines()[-1]}")
-
-    # ---- the worker thread ----
-    def start(self, warm_up: bool = False) -> Engine:
-        "Run ticks on a background thread until shutdown(); warm_up: first run `warm_up_forwards` there, and return when it is done."
-        if self._thread is None:
-            warmed: Future = Future()
-            def run():
-                try: warmed.set_result(warm_up_forwards(self) if warm_up else None)
-                except Exception as e:  # noqa: BLE001 (the caller of start() gets it)
-                    warmed.set_exception(e)
-                    return
-                self._loop()
-            self._thread = threading.Thread(target=run, name="helios-engine", daemon=True)
-            self._thread.start()
-            self.warm_up = warmed.result()
-        return self
-
-    def _busy(self) -> bool: return self.scheduler.has_work or not self._inbox.empty()
-
-    def _loop(self):
-        while not self._stopping or self._busy():
-            try:
-                busy = self.step()
-            except FatalEngineError as e:
-                self._stop_for_good(str(e))
-                return
-            except Exception:  # a bug outside any one request: fail everything running, keep the thread alive
-                traceback.print_exc()
-                for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
-                busy = False
-            if not busy:
-                self._wakeup.wait(0.05)
-                self._wakeup.clear()
-
-    def stop_on_error(self, reason: str):
-        "From any thread: the engine cannot go on (a worker process died); it ends every request with `reason` and stops."
-        if self.failure: return  # it has stopped already
-        self._inbox.put(("fatal", reason))
-        self._wakeup.set()
-
-    def _stop_for_good(self, reason: str):
-        "End every request, accepted or still in the inbox, with the reason; refuse new ones; tell on_failure."
-        with self._lock: self.failure = reason
-        _log.error("the engine stopped: %s", reason)
-        error = f"the engine stopped: {reason}"
-        for req in list(self._requests.values()): _attempt(self._end, req, None, error)
-        while True:
-            try: kind, item = self._inbox.get_nowait()
-            except queue.Empty: break
-            if kind == "add":
-                with self._lock: self._num_submitted -= item.params.n
-                item.handle._push(StreamEvent(-1, "", [], None, None, error))
-            elif kind == "inspect": item.put(cache_report(self.pages, time.monotonic()))
-        if self.on_failure is not None: _attempt(self.on_failure, reason)
-
-    def shutdown(self, grace_s: float = 0.0):
-        "Refuse new requests, let running ones finish for up to grace_s, end the rest as \"abort\", stop the thread."
-        with self._lock: self._stopping = True
-        deadline = time.monotonic() + grace_s
-        while self._thread and self._thread.is_alive() and self._busy() and time.monotonic() < deadline: time.sleep(0.01)
-        self._inbox.put(("abort", None))  # behind every request submitted before _stopping was set
-        self._wakeup.set()
-        if self._thread is None:
-            try: self._drain_inbox()  # driven by step(): the caller's thread is the engine thread
-            except FatalEngineError as e: self._stop_for_good(str(e))
-        elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
-            self._thread.join(timeout=30)
-            if not self._thread.is_alive(): self._thread = None
-        if self._thread is None or not self._thread.is_alive():
-            self._mask_worker.shutdown()  # the helper thread ends with the engine thread
-            self.runner.close()           # and so do a parallel runner's worker processes (chapter 16)
 
 # %% ../nbs/11_engine.ipynb #d6fcdd5a
 def validate_prompt(prompt_ids: list[int], vocab_size: int):
@@ -584,6 +225,474 @@ def validate_logit_bias(params: SamplingParams, vocab_size: int):
     bad = [t for t, _ in params.logit_bias if t >= vocab_size]
     if bad:
         raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+# %% ../nbs/11_engine.ipynb #ba26125e
+class Engine:
+    "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
+                 config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
+                 make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None):
+        cfg = model.config
+        self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
+        element = kv_dtype(config, model.dtype)  # the pages': the model's, or kv_cache_dtype
+        # one page more than the budget's: the scratch page where rows that pad a CUDA graph's batch write (chapter 17)
+        self.kv = KVPool(cfg, num_pages, config.page_size, element, model.device, scratch_page=True)
+        num_host_pages = num_host_pages_for_budget(cfg, kv_offload_budget_bytes(config, model.device),
+                                                   config.page_size, element)
+        self.host_kv = HostKVPool(cfg, num_host_pages, config.page_size, element, pin=model.device.type == "cuda") if num_host_pages else None
+        self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
+        cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
+        self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
+        self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
+        max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
+        # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
+        # a fallback from a backend meant for this machine was warned about when it was chosen
+        self.attention_passed_over: tuple[str, ...] = ()  # why `auto` passed over better-ranked backends
+        if backend is None:
+            choice = choose_backend(cfg, element, model.device, config.attention, dtype=model.dtype)
+            backend, self.attention_passed_over = choice.value, choice.passed_over
+        self.compile_s = compile_layers(model, COMPILE_MODE.get(model.device.type)) if config.compile else None
+        # the runner: the one given (chapter 16's), else the registry's for config.runner (auto: CUDA graphs where
+        # they run, chapter 17; else eager), with the reasons it passed over the others
+        if make_runner is None:
+            choice = choose("runner", config.runner, model=model, kv=self.kv, max_rows=config.max_batch_size,
+                            max_pages_per_seq=max_pages_per_seq, backend=backend, config=config)
+            self.runner, self.runner_passed_over = choice.value, choice.passed_over
+        else:
+            self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
+            self.runner_passed_over = ()
+        self.budget_summary = ((memory.describe() + "; " if memory else "")
+                               + describe_budget(cfg, num_pages, config.page_size, element, weight_bytes(model)) + "; "
+                               + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
+                               + f"; pages {config.kv_reservation}")
+        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
+        self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
+        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
+        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
+        self._lock = threading.Lock()
+        self._num_submitted = 0                   # sequences in the inbox, not yet taken in (guarded by _lock)
+        self._requests: dict[str, _Request] = {}  # engine thread only
+        self._seq_owner: dict[int, tuple[_Request, int]] = {}
+        self._ids, self._seq_ids = itertools.count(), itertools.count()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.failure: str | None = None  # why the engine stopped for good (a FatalEngineError), once it has
+        self.on_failure: Callable[[str], None] | None = None  # told that reason, on the engine thread (the server exits)
+        self.warm_up: WarmUp | None = None  # what start(warm_up=True) ran, and how long it took
+        self._counters = dict(num_requests_finished=0, num_requests_cancelled=0, num_requests_aborted=0,
+                              num_requests_failed=0, num_generated_tokens=0, num_ticks=0,
+                              num_constrained_rows=0, grammar_mask_s=0.0)
+        self._stats = self._snapshot()
+
+# %% ../nbs/11_engine.ipynb #c3eb4e0d
+@patch(cls_method=True)
+def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
+    "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
+    element = kv_dtype(config, model.dtype)
+    choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
+    memory = None
+    if config.kv_cache_bytes is None and model.device.type == "cuda":
+        memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
+    budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
+    num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
+    engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory)
+    engine.attention_passed_over = choice.passed_over
+    return engine
+
+# %% ../nbs/11_engine.ipynb #762cada8
+@patch
+def submit(self: Engine, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,
+           request_id: str | None = None, notify: Callable[[], None] | None = None) -> RequestHandle:
+    "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
+    validate_prompt(prompt_ids, self.model.config.vocab_size)
+    validate_logit_bias(params, self.model.config.vocab_size)
+    self.check_fits(len(prompt_ids), params.max_tokens)
+    # compiling a grammar checks it, and takes as long as the grammar needs: here, never on the engine thread
+    matchers = self.grammars.matchers(params.grammar, params.n) if params.grammar is not None else []
+    request_id = request_id or f"req-{next(self._ids)}"
+    handle = RequestHandle(request_id, notify)
+    req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
+                   matchers=matchers)
+    with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's AbortRequests
+        if self.failure: raise EngineError(f"the engine has stopped: {self.failure}")
+        if self._stopping: raise EngineError("the engine is shutting down")
+        if self._num_queued() + params.n > self.config.max_queue:
+            raise QueueFull(f"the wait list is full ({self.config.max_queue} sequences); retry shortly")
+        self._num_submitted += params.n
+        self._inbox.put(SubmitRequest(req))
+    self._wakeup.set()
+    return handle
+
+
+@patch
+def _num_queued(self: Engine) -> int:
+    "Sequences waiting: in the inbox or on the scheduler's wait list (a length read is safe from any thread)."
+    return self._num_submitted + len(self.scheduler.waiting)
+
+
+@patch
+def cancel(self: Engine, request_id: str):
+    "Stop a request at the next tick and free its pages (a no-op if it already ended)."
+    self._inbox.put(CancelRequest(request_id))
+    self._wakeup.set()
+
+# %% ../nbs/11_engine.ipynb #12f2ace2
+@patch
+def stats(self: Engine) -> EngineStats:
+    "The snapshot taken at the end of the latest tick, or when a request last ended (before its final event)."
+    return self._stats
+
+
+@patch
+def inspect_cache(self: Engine, timeout: float = 5.0) -> CacheReport:
+    "The prefix cache's blocks and the pool's pages, read by the engine thread (directly when none runs)."
+    if self._thread in (None, threading.current_thread()):  # driven by step(), or asked on the engine thread
+        return cache_report(self.pages, time.monotonic())
+    reply: queue.Queue[CacheReport] = queue.Queue(maxsize=1)
+    self._inbox.put(InspectCache(reply))
+    self._wakeup.set()
+    try: return reply.get(timeout=timeout)
+    except queue.Empty: raise EngineError(f"the engine thread did not answer within {timeout} s") from None
+
+
+@patch
+def check_fits(self: Engine, num_prompt_tokens: int, max_tokens: int):
+    "Raise RequestTooLarge (a ValueError) if a request this long could never run here: the model's context or the pool."
+    self.scheduler.check_fits(num_prompt_tokens, max_tokens)
+
+
+@patch(as_prop=True)
+def kv_element_bytes(self: Engine) -> int:
+    "Bytes of one number in the KV pages (kv_cache_dtype's, not always the model's)."
+    return self.kv.k.element_size()
+
+# %% ../nbs/11_engine.ipynb #c061b197
+@patch
+def _snapshot(self: Engine) -> EngineStats:
+    cache = self.pages.prefix_cache
+    c = lambda name: getattr(cache, name) if cache else 0
+    pages, sched, copier = self.pages, self.scheduler, self.copier
+    return EngineStats(pages.num_pages, pages.num_free_pages, pages.num_cached_pages, pages.num_used_pages,
+                       c("lookups"), c("queried_tokens"), c("hit_pages"), c("hit_tokens"),
+                       len(sched.running), len(sched.waiting) + len(sched.resuming), **self._counters,
+                       num_host_pages=pages.num_host_pages, num_host_free_pages=pages.num_host_free_pages,
+                       num_host_cached_pages=pages.num_host_cached_pages, num_host_swapped_pages=pages.num_swapped_pages,
+                       num_preemptions=sched.num_preemptions, num_swapped=sched.num_swapped,
+                       num_recompute_tokens=sched.num_recompute_tokens, num_prompt_tokens=sched.num_prompt_tokens, prefix_host_hit_tokens=c("host_hit_tokens"),
+                       kv_bytes_to_host=copier.bytes_to_host if copier else 0,
+                       kv_bytes_to_device=copier.bytes_to_device if copier else 0,
+                       kv_copy_s=copier.seconds if copier else 0.0,
+                       num_draft_tokens=sched.num_draft_tokens, num_accepted_tokens=sched.num_accepted_tokens)
+
+
+@patch
+def next_sequence_id(self: Engine) -> int:
+    "A sequence id no other sequence of this engine has (its requests' and the warm-up's)."
+    return next(self._seq_ids)
+
+
+@patch
+def _build(self: Engine, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
+    "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
+    n, seed, cfg = req.params.n, req.params.seed, self.config
+    drafts = cfg.speculative == "ngram" and req.params.grammar is None  # a grammar's masks go one token at a time
+    seqs = [Sequence(self.next_sequence_id(), req.request_id, req.prompt_ids, req.params.max_tokens,
+                     req.metrics.arrival_s, cfg.page_size,
+                     drafter=NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max) if drafts else None)
+            for _ in range(n)]
+    completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
+    generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
+    return seqs, completions, generators
+
+
+@patch
+def _enqueue(self: Engine, req: _Request):
+    "Build a request's state and put its sequences on the wait list; if anything raises, nothing of it stays."
+    seqs, completions, generators = self._build(req)
+    self.scheduler.add(seqs)  # all or none; the queue bound was checked by submit()
+    req.seqs, req.completions, req.generators = seqs, completions, generators
+    self._requests[req.request_id] = req
+    for i, seq in enumerate(seqs): self._seq_owner[seq.seq_id] = (req, i)
+
+
+@patch
+def _accept(self: Engine, req: _Request):
+    "Take in a submitted request: onto the wait list, or, if building it raises, ended alone with an error."
+    failure = _attempt(self._enqueue, req)
+    with self._lock: self._num_submitted -= req.params.n  # out of the inbox count exactly once, either way
+    if isinstance(failure, Exception): self._fail_request(req, "accepting it", failure)
+
+# %% ../nbs/11_engine.ipynb #c4a04fb8
+@patch
+def _drain_inbox(self: Engine):
+    "Act on every message in the inbox, in order, by its type; a message of any other type is a bug, raised as one."
+    while True:
+        try: message = self._inbox.get_nowait()
+        except queue.Empty: return
+        match message:
+            case SubmitRequest(req): self._accept(req)
+            case CancelRequest(request_id):
+                if request_id in self._requests: self._end(self._requests[request_id], finish_reason="cancelled")
+            case InspectCache(reply): reply.put(cache_report(self.pages, time.monotonic()))
+            case AbortRequests():
+                for req in list(self._requests.values()): self._end(req, finish_reason="abort")
+            case StopEngine(reason): raise FatalEngineError(reason)
+            case _: raise TypeError(f"the engine's inbox got {message!r}, which is none of its message types")
+
+# %% ../nbs/11_engine.ipynb #e07352ab
+@patch
+def _end(self: Engine, req: _Request, finish_reason: str | None = None, error: str | None = None):
+    "Release every sequence of a request and send its final event."
+    now = time.monotonic()
+    for seq, completion in zip(req.seqs, req.completions):
+        self._retire(seq, now)
+        if not completion.finished: completion.finish_reason = finish_reason or "cancelled"
+    req.metrics.finished_s = now
+    if self._requests.get(req.request_id) is req: del self._requests[req.request_id]
+    self._counters["num_requests_finished"] += 1
+    self._counters["num_requests_cancelled"] += finish_reason == "cancelled"
+    self._counters["num_requests_aborted"] += finish_reason == "abort"
+    self._counters["num_requests_failed"] += error is not None
+    self._stats = self._snapshot()  # whoever sees the request end also sees its pages released
+    req.handle.put(StreamEvent(-1, "", [], None, None if error else self._output(req), error))
+
+
+@patch
+def _fail_request(self: Engine, req: _Request, stage: str, exc: Exception):
+    "One request's own step raised: end it alone, with an error that says where and what."
+    message = f"the engine failed while {stage}: {type(exc).__name__}: {str(exc)[:300]}"
+    _log.warning("request %s: %s", req.request_id, message)
+    _log.debug("request %s failed here:", req.request_id, exc_info=exc)
+    self._end(req, error=message)
+
+
+@patch
+def _retire(self: Engine, seq: Sequence, now: float):
+    self.scheduler.finish(seq, now)
+    self.runner.release(seq)
+    self._seq_owner.pop(seq.seq_id, None)
+
+
+@patch
+def _output(self: Engine, req: _Request) -> RequestOutput:
+    outs = [CompletionOutput(i, c.text, list(c.token_ids), c.finish_reason,
+                             list(c.logprobs) if req.params.logprobs is not None else None)
+            for i, c in enumerate(req.completions)]
+    req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
+    req.metrics.num_output_tokens = sum(len(c.token_ids) for c in req.completions)
+    req.metrics.num_completions = len(req.completions)
+    req.metrics.prefix_lookup_s = sum(seq.prefix_lookup_s for seq in req.seqs)
+    return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, req.seqs[0].num_cached_tokens, req.metrics)
+
+# %% ../nbs/11_engine.ipynb #4c674512
+@patch
+def step(self: Engine, timer: Timer | None = None) -> bool:
+    "One tick. Returns False when there was nothing to do. timer: time the tick's parts (chapter 15)."
+    part = timer or _untimed
+    self._drain_inbox()
+    now = time.monotonic()
+    self.pages.expire(now)
+    with part("scheduling"): plan = self.scheduler.schedule(now)
+    for seq in plan.preempted: self.runner.release(seq)  # its page-table row is rewritten when it resumes
+    if not plan:
+        self._stats = self._snapshot()
+        return False
+    for chunk in plan.chunks:
+        req = self._seq_owner[chunk.seq.seq_id][0]
+        if req.metrics.first_scheduled_s is None: req.metrics.first_scheduled_s = now
+    try:
+        masks = self._start_masks(plan)  # on the helper thread, while the forward runs
+        with part("forward"): logits = self.runner.run(plan, timer)
+        self.scheduler.on_computed(plan, time.monotonic())
+        with part("sampling and streaming"): self._sample_and_emit(plan, logits, masks)
+    except FatalEngineError:
+        raise  # nothing can run any more: the loop ends every request
+    except Exception:
+        self._fail(plan, traceback.format_exc(limit=3))
+    self._counters["num_ticks"] += 1
+    self._stats = self._snapshot()
+    return True
+
+
+@patch
+def _start_masks(self: Engine, plan: TickPlan) -> Future | None:
+    "Fill the masks of the tick's constrained rows (in sampling order) on the helper thread; None if there are none."
+    owners = [self._seq_owner[c.seq.seq_id] for c in plan.chunks if c.samples]
+    jobs = [MaskRow(r, req.matchers[i], tuple(self.grammars.eos_token_ids) if req.params.ignore_eos else ())
+            for r, (req, i) in enumerate(owners) if req.matchers]  # under ignore_eos, EOS taken out of the mask
+    return self._mask_worker.submit(fill_token_masks, self._token_masks, jobs, self.grammars.executor) if jobs else None
+
+# %% ../nbs/11_engine.ipynb #51b3c53d
+@patch
+def _sample(self: Engine, logits: torch.Tensor, chunks: list, owners: list, masks: TickMasks | None) -> list[SampledToken | Exception]:
+    "Each sampling row's token, or the exception its own sampling (or its grammar's mask) raised."
+    params = [req.params for req, _ in owners]
+    seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
+    generated = [c.seq.output_ids for c in chunks]
+    masked, failed = (set(masks.rows), masks.failures) if masks else (set(), {})
+    # each row draws its number alone; picking is then a pure function of the logits, the draws and the masks
+    draws = [failed.get(r) or _attempt(draw_uniforms, [req.params], [req.generators[i]], logits.device)
+             for r, (req, i) in enumerate(owners)]
+    rows = [r for r, d in enumerate(draws) if not isinstance(d, Exception)]
+
+    def pick(rs: list[int]) -> list[SampledToken]:
+        picked = logits if len(rs) == len(chunks) else logits[rs]
+        constrained = [j for j, r in enumerate(rs) if r in masked]
+        return pick_tokens(picked, [params[r] for r in rs], [draws[r][0] for r in rs], [seen[r] for r in rs],
+                           [generated[r] for r in rs], masks.masks[rs] if constrained else None, constrained)
+
+    tokens = _attempt(pick, rows) if rows else []
+    if isinstance(tokens, Exception):  # some row raised: retry row by row, so only the rows that raise fail
+        tokens = [_attempt(lambda r: pick([r])[0], r) for r in rows]
+    out = list(draws)
+    for r, token in zip(rows, tokens): out[r] = token
+    return out
+
+# %% ../nbs/11_engine.ipynb #d6c7f0e3
+@patch
+def _sample_and_emit(self: Engine, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
+    """Sample and stream each sampling chunk's token. A drafting decode then goes on to its next logits row
+    while its token equals the draft's (chapter 09a's rule), and keeps the drafted tokens that held."""
+    chunks = [c for c in plan.chunks if c.samples]
+    if not chunks: return
+    masks = pending_masks.result() if pending_masks else None
+    if masks:
+        self._counters["num_constrained_rows"] += len(masks.rows)
+        self._counters["grammar_mask_s"] += masks.seconds
+    first_row = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))  # each chunk's, in logits
+    going, accepted, position = list(range(len(chunks))), [0] * len(chunks), 0
+    while going:
+        if position: going = [j for j in going if chunks[j].seq.seq_id in self._seq_owner]  # (a request ended)
+        rows = [first_row[j] + position for j in going]
+        group = [chunks[j] for j in going]
+        sampled = self._sample(logits if len(rows) == len(logits) else logits[rows], group,
+                               [self._seq_owner[c.seq.seq_id] for c in group], None if position else masks)
+        now = time.monotonic()
+        going = [j for j, token in zip(going, sampled) if self._emit(chunks[j], token, now)
+                 and position < chunks[j].num_draft_tokens and token.token_id == chunks[j].draft_ids[position]]
+        for j in going: accepted[j] += 1
+        position += 1
+    for chunk, n in zip(chunks, accepted):
+        if chunk.num_draft_tokens and chunk.seq.status is SeqStatus.RUNNING: self.scheduler.accept_draft(chunk.seq, n)
+
+
+@patch
+def _emit(self: Engine, chunk: ScheduledChunk, token: SampledToken | Exception, now: float) -> bool:
+    "Append a sampled token to its sequence and completion and stream it; False once the sequence has ended."
+    if chunk.seq.seq_id not in self._seq_owner: return False  # its request already ended during this tick
+    req, i = self._seq_owner[chunk.seq.seq_id]
+    if isinstance(token, Exception):
+        self._fail_request(req, "sampling its next token", token)
+        return False
+    chunk.seq.output_ids.append(token.token_id)
+    self._counters["num_generated_tokens"] += 1
+    if req.metrics.first_token_s is None: req.metrics.first_token_s = now
+    completion = req.completions[i]
+    delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
+    if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
+        stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
+        self._fail_request(req, stage, delta)
+        return False
+    req.handle.put(StreamEvent(i, delta, [token.token_id], token.logprobs))
+    if completion.finished:
+        self._retire(chunk.seq, now)
+        if req.finished: self._end(req)
+        return False
+    return True
+
+# %% ../nbs/11_engine.ipynb #cb9985be
+@patch
+def _fail(self: Engine, plan: TickPlan, message: str):
+    "The forward raised: fail the requests of this tick, keep serving the rest."
+    failed = {self._seq_owner[c.seq.seq_id][0].request_id: self._seq_owner[c.seq.seq_id][0]
+              for c in plan.chunks if c.seq.seq_id in self._seq_owner}
+    for req in failed.values():
+        self._end(req, error=f"the engine failed while running this request: {message.strip().splitlines()[-1]}")
+
+
+@patch
+def start(self: Engine, warm_up: bool = False) -> Engine:
+    "Run ticks on a background thread until shutdown(); warm_up: first run `warm_up_forwards` there, and return when it is done."
+    if self._thread is None:
+        warmed: Future = Future()
+        def run():
+            try: warmed.set_result(warm_up_forwards(self) if warm_up else None)
+            except Exception as e:  # noqa: BLE001 (the caller of start() gets it)
+                warmed.set_exception(e)
+                return
+            self._loop()
+        self._thread = threading.Thread(target=run, name="helios-engine", daemon=True)
+        self._thread.start()
+        self.warm_up = warmed.result()
+    return self
+
+
+@patch
+def _busy(self: Engine) -> bool: return self.scheduler.has_work or not self._inbox.empty()
+
+
+@patch
+def _loop(self: Engine):
+    while not self._stopping or self._busy():
+        try:
+            busy = self.step()
+        except FatalEngineError as e:
+            self._stop_for_good(str(e))
+            return
+        except Exception:  # a bug outside any one request: fail everything running, keep the thread alive
+            traceback.print_exc()
+            for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
+            busy = False
+        if not busy:
+            self._wakeup.wait(0.05)
+            self._wakeup.clear()
+
+# %% ../nbs/11_engine.ipynb #5a7eefe4
+@patch
+def stop_on_error(self: Engine, reason: str):
+    "From any thread: the engine cannot go on (a worker process died); it ends every request with `reason` and stops."
+    if self.failure: return  # it has stopped already
+    self._inbox.put(StopEngine(reason))
+    self._wakeup.set()
+
+
+@patch
+def _stop_for_good(self: Engine, reason: str):
+    "End every request, accepted or still in the inbox, with the reason; refuse new ones; tell on_failure."
+    with self._lock: self.failure = reason
+    _log.error("the engine stopped: %s", reason)
+    error = f"the engine stopped: {reason}"
+    for req in list(self._requests.values()): _attempt(self._end, req, None, error)
+    while True:
+        try: message = self._inbox.get_nowait()
+        except queue.Empty: break
+        match message:
+            case SubmitRequest(req):
+                with self._lock: self._num_submitted -= req.params.n
+                req.handle.put(StreamEvent(-1, "", [], None, None, error))
+            case InspectCache(reply): reply.put(cache_report(self.pages, time.monotonic()))
+            case _: pass  # a cancel, an abort or a stop: every accepted request has ended already
+    if self.on_failure is not None: _attempt(self.on_failure, reason)
+
+
+@patch
+def shutdown(self: Engine, grace_s: float = 0.0):
+    "Refuse new requests, let running ones finish for up to grace_s, end the rest as \"abort\", stop the thread."
+    with self._lock: self._stopping = True
+    deadline = time.monotonic() + grace_s
+    while self._thread and self._thread.is_alive() and self._busy() and time.monotonic() < deadline: time.sleep(0.01)
+    self._inbox.put(AbortRequests())  # behind every request submitted before _stopping was set
+    self._wakeup.set()
+    if self._thread is None:
+        try: self._drain_inbox()  # driven by step(): the caller's thread is the engine thread
+        except FatalEngineError as e: self._stop_for_good(str(e))
+    elif self._thread is not threading.current_thread():  # (a finalizer may run on it)
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive(): self._thread = None
+    if self._thread is None or not self._thread.is_alive():
+        self._mask_worker.shutdown()  # the helper thread ends with the engine thread
+        self.runner.close()           # and so do a parallel runner's worker processes (chapter 16)
 
 # %% ../nbs/11_engine.ipynb #e11warm02
 def warm_up_batch_sizes(max_batch_size: int) -> list[int]:
@@ -610,7 +719,7 @@ def warm_up_forwards(engine: Engine) -> WarmUp:
     vocab = engine.model.config.vocab_size
 
     def sequence(n: int, pages_: list[int]) -> Sequence:
-        seq = Sequence(next(engine._seq_ids), "warm-up", [(7 * i + 1) % vocab for i in range(n)], 1, 0.0, page_size)
+        seq = Sequence(engine.next_sequence_id(), "warm-up", [(7 * i + 1) % vocab for i in range(n)], 1, 0.0, page_size)
         seq.page_table = pages_
         return seq
 

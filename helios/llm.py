@@ -124,7 +124,7 @@ class LLM:
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
         if not quiet:
             weights = "" if loaded.weight_dtype == loaded.dtype else f" with {loaded.weight_dtype} weights"
-            kv_element = self.engine.kv.k.element_size()  # the pages' (kv_cache_dtype), not always the model's
+            kv_element = self.engine.kv_element_bytes  # the pages' (kv_cache_dtype), not always the model's
             print(f"helios: {self.path.name} ({self.config.describe(kv_element)}; {loaded.dtype}{weights}, {loaded.device}) "
                   f"loaded in {self.load_time_s:.1f} s; {self.engine.budget_summary}; "
                   f"attention: {attention_summary(self.engine)}; matmuls: {matmul_summary(loaded)}; {runner_summary(self.engine)}"
@@ -165,7 +165,7 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
         params = params or SamplingParams()
         encoded = [self.encode_prompt(p) for p in prompts]  # bad input fails before anything runs
-        for ids in encoded: self.engine.scheduler.check_fits(len(ids), params.max_tokens)
+        for ids in encoded: self.engine.check_fits(len(ids), params.max_tokens)
         handles: list[RequestHandle] = []
         with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm or None) as bar:
             for prompt, ids in zip(prompts, encoded):

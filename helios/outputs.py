@@ -18,7 +18,7 @@ from .sampling import TokenLogprobs
 
 _log = logging.getLogger(__name__)
 
-# %% ../nbs/11_engine.ipynb #36aab2f3
+# %% ../nbs/11_engine.ipynb #b36079f6
 def _interval(start: float | None, end: float | None) -> float | None:
     "end - start, or None while either is unknown."
     return None if start is None or end is None else end - start
@@ -58,7 +58,7 @@ class RequestMetrics:
         decoded, seconds = self.num_output_tokens - self.num_completions, self.decode_s
         return decoded / seconds if decoded > 0 and seconds else None
 
-
+# %% ../nbs/11_engine.ipynb #c636bd5c
 @dataclass(frozen=True)
 class CompletionOutput:
     "One generated sequence."
@@ -115,8 +115,8 @@ class RequestHandle:
         self.error: str | None = None
         self._notify_failed = False
 
-    def _push(self, event: StreamEvent):
-        "Deliver one event (on the engine thread); a notify callback that raises is logged, never passed on."
+    def put(self, event: StreamEvent):
+        "The engine's side: deliver one event (on the engine thread); a notify callback that raises is logged, never passed on."
         self._events.put(event)
         if self._notify is None: return
         try: self._notify()

@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from fastcore.basics import patch
+
 from .config import PREFILL_AGING_S, EngineConfig
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
@@ -122,7 +124,7 @@ class TickPlan:
 
     def __bool__(self) -> bool: return bool(self.chunks)
 
-# %% ../nbs/10_scheduler.ipynb #850579ed
+# %% ../nbs/10_scheduler.ipynb #8c254f4e
 def _aged(seq: Sequence, now: float) -> bool:
     "The aging rule: it has waited PREFILL_AGING_S since admission or its last prefill chunk."
     return now - seq.waiting_since_s >= PREFILL_AGING_S
@@ -135,7 +137,7 @@ class RequestTooLarge(ValueError):
 class QueueFull(RuntimeError):
     "The wait list is at its bound; try again later."
 
-
+# %% ../nbs/10_scheduler.ipynb #f14ed3cd
 class Scheduler:
     "FIFO admission, pages on demand with preemption (or reserved up front), decode-first token budget, chunked and aged prefill. Tensor-free."
     def __init__(self, config: EngineConfig, pages: PageManager, max_model_len: int):
@@ -175,167 +177,200 @@ class Scheduler:
             raise QueueFull(f"the wait list is full ({self.config.max_queue} requests); retry shortly")
         self.waiting.extend(seqs)
 
-    def schedule(self, now: float) -> TickPlan:
-        "Give every decode the page it needs (preempting if none is left), admit what fits, then plan this tick's tokens."
-        preempted = self._grow_decodes() if self.on_demand else []
-        if not preempted: self._admit(now)  # pages just freed by preemption go to the sequences that were running
-        decodes = self._decodes()
-        budget = self.config.prefill_chunk_size - sum(c.num_tokens for c in decodes)
-        return TickPlan(decodes + self._plan_prefill(budget, now), tuple(preempted))
+# %% ../nbs/10_scheduler.ipynb #aaebc43d
+@patch
+def schedule(self: Scheduler, now: float) -> TickPlan:
+    "Give every decode the page it needs (preempting if none is left), admit what fits, then plan this tick's tokens."
+    preempted = self._grow_decodes() if self.on_demand else []
+    if not preempted: self._admit(now)  # pages just freed by preemption go to the sequences that were running
+    decodes = self._decodes()
+    budget = self.config.prefill_chunk_size - sum(c.num_tokens for c in decodes)
+    return TickPlan(decodes + self._plan_prefill(budget, now), tuple(preempted))
 
-    def _decodes(self) -> list[ScheduledChunk]:
-        "Each running decode's newest token, and behind it the draft it makes with what the budget leaves."
-        seqs = [s for s in self.running if not s.is_prefilling]
-        spare = self.config.prefill_chunk_size - len(seqs)  # a draft never takes a decode's own token
-        chunks = []
-        for seq in seqs:
-            draft = self._draft(seq, spare) if seq.drafter and spare > 0 else []
-            spare -= len(draft)
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, seq.output_ids[-1:] + draft, True, True, len(draft)))
-        return chunks
 
-    def _draft(self, seq: Sequence, budget: int) -> list[int]:
-        "Its drafter's proposal, cut to speculative_tokens, budget, max_tokens and the pages it holds or may take."
-        k = min(self.config.speculative_tokens, budget, seq.max_tokens - len(seq.output_ids) - 1)
-        draft = seq.drafter.propose(seq.prompt_ids, seq.output_ids, k)
-        page_size, end = self.pages.page_size, seq.num_computed_tokens + 1  # the decode's own token fits (_grow_decodes)
-        more = pages_needed(end + len(draft), page_size) - len(seq.page_table)
-        if more > 0 and self.on_demand and self.pages.num_available() - more >= len(self.running):
-            seq.page_table += self.pages.take(more)  # while every running sequence can still take a page
-        return draft[:len(seq.page_table) * page_size - end]
+@patch
+def _decodes(self: Scheduler) -> list[ScheduledChunk]:
+    "Each running decode's newest token, and behind it the draft it makes with what the budget leaves."
+    seqs = [s for s in self.running if not s.is_prefilling]
+    spare = self.config.prefill_chunk_size - len(seqs)  # a draft never takes a decode's own token
+    chunks = []
+    for seq in seqs:
+        draft = self._draft(seq, spare) if seq.drafter and spare > 0 else []
+        spare -= len(draft)
+        chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, seq.output_ids[-1:] + draft, True, True, len(draft)))
+    return chunks
 
-    def accept_draft(self, seq: Sequence, num_accepted: int):
-        "After verification: the first num_accepted drafted tokens were right, so their keys and values count."
-        self.num_accepted_tokens += num_accepted
-        seq.num_computed_tokens += num_accepted
 
-    def _grow_decodes(self) -> list[Sequence]:
-        "A new page for each decode whose pages are full, oldest request first; the newest running sequence yields when none is left."
-        preempted = []
-        for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING or seq.is_prefilling: continue
-            if seq.num_computed_tokens < len(seq.page_table) * self.pages.page_size: continue  # room in its last page
-            while self.pages.num_available() < 1:
-                victim = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
-                assert victim is not seq or len(self.running) > 1, "a sequence alone cannot outgrow the pool (check_fits)"
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq: break
-            if seq.status is SeqStatus.RUNNING: seq.page_table += self.pages.take(1)
-        return preempted
+@patch
+def _draft(self: Scheduler, seq: Sequence, budget: int) -> list[int]:
+    "Its drafter's proposal, cut to speculative_tokens, budget, max_tokens and the pages it holds or may take."
+    k = min(self.config.speculative_tokens, budget, seq.max_tokens - len(seq.output_ids) - 1)
+    draft = seq.drafter.propose(seq.prompt_ids, seq.output_ids, k)
+    page_size, end = self.pages.page_size, seq.num_computed_tokens + 1  # the decode's own token fits (_grow_decodes)
+    more = pages_needed(end + len(draft), page_size) - len(seq.page_table)
+    if more > 0 and self.on_demand and self.pages.num_available() - more >= len(self.running):
+        seq.page_table += self.pages.take(more)  # while every running sequence can still take a page
+    return draft[:len(seq.page_table) * page_size - end]
 
-    def _preempt(self, seq: Sequence):
-        "Send a running sequence to the resuming queue: its computed tokens swapped to the host, else dropped."
-        computed = seq.page_table[:pages_needed(seq.num_computed_tokens, self.pages.page_size)]
-        seq.swapped_pages = self.pages.swap_out(computed) if computed else None
-        if seq.swapped_pages is None: self._drop_computed(seq)
-        else: self.num_swapped += 1
+
+@patch
+def accept_draft(self: Scheduler, seq: Sequence, num_accepted: int):
+    "After verification: the first num_accepted drafted tokens were right, so their keys and values count."
+    self.num_accepted_tokens += num_accepted
+    seq.num_computed_tokens += num_accepted
+
+# %% ../nbs/10_scheduler.ipynb #1c4c70e7
+@patch
+def _grow_decodes(self: Scheduler) -> list[Sequence]:
+    "A new page for each decode whose pages are full, oldest request first; the newest running sequence yields when none is left."
+    preempted = []
+    for seq in list(self.running):
+        if seq.status is not SeqStatus.RUNNING or seq.is_prefilling: continue
+        if seq.num_computed_tokens < len(seq.page_table) * self.pages.page_size: continue  # room in its last page
+        while self.pages.num_available() < 1:
+            victim = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
+            assert victim is not seq or len(self.running) > 1, "a sequence alone cannot outgrow the pool (check_fits)"
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq: break
+        if seq.status is SeqStatus.RUNNING: seq.page_table += self.pages.take(1)
+    return preempted
+
+
+@patch
+def _preempt(self: Scheduler, seq: Sequence):
+    "Send a running sequence to the resuming queue: its computed tokens swapped to the host, else dropped."
+    computed = seq.page_table[:pages_needed(seq.num_computed_tokens, self.pages.page_size)]
+    seq.swapped_pages = self.pages.swap_out(computed) if computed else None
+    if seq.swapped_pages is None: self._drop_computed(seq)
+    else: self.num_swapped += 1
+    self.running.remove(seq)
+    self.pages.release(seq.page_table)
+    seq.page_table, seq.status = [], SeqStatus.WAITING
+    seq.num_preemptions += 1
+    self.num_preemptions += 1
+    self.resuming.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+
+
+@patch
+def _drop_computed(self: Scheduler, seq: Sequence):
+    "Its keys and values are gone: it will compute its tokens again (what the prefix cache still holds excepted)."
+    seq.recompute_until = max(seq.recompute_until, seq.num_computed_tokens)
+    seq.num_computed_tokens = 0
+
+# %% ../nbs/10_scheduler.ipynb #4923620e
+@patch
+def _keep_free(self: Scheduler) -> int:
+    "Pages an admission must leave for the running decodes (none when nothing runs: a lone request always fits)."
+    return self.keep_free if self.running else 0
+
+
+@patch
+def _admit(self: Scheduler, now: float):
+    while (self.resuming or self.waiting) and len(self.running) < self.config.max_batch_size:
+        queue = self.resuming or self.waiting
+        seq = queue[0]
+        started = time.perf_counter()
+        if not self._take_pages(seq): return  # head-of-queue waits
+        queue.popleft()
+        if seq.num_preemptions == 0: seq.prefix_lookup_s = time.perf_counter() - started
+        seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
+        self.running.append(seq)
+
+
+@patch
+def _take_pages(self: Scheduler, seq: Sequence) -> bool:
+    "Build the page table a sequence starts (or resumes) with, if it fits now."
+    if seq.swapped_pages is not None:
+        if self._swap_in(seq): return True
+        if seq.swapped_pages is not None: return False  # no room yet
+    tokens = self._tokens_to_hold(seq)
+    match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
+    if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
+    first = seq.num_preemptions == 0  # the prefix cache counts a sequence's lookup once
+    try: seq.page_table = self.pages.allocate(tokens, match, count_use=first)
+    except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
+        _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
+        match = PrefixMatch(len(match.pages) * self.pages.page_size, match.pages, match.num_queried_tokens)
+        seq.page_table = self.pages.allocate(tokens, match, count_use=first)
+    if seq.num_preemptions == 0: seq.num_cached_tokens = match.num_cached_tokens
+    seq.num_computed_tokens = match.num_cached_tokens
+    return True
+
+
+@patch
+def _tokens_to_hold(self: Scheduler, seq: Sequence) -> int:
+    "The tokens an admitted sequence's pages cover: what it has (on demand), or its prompt plus max_tokens (full)."
+    return seq.num_tokens if self.on_demand else seq.num_reserved_tokens
+
+# %% ../nbs/10_scheduler.ipynb #c51b521f
+@patch
+def _swap_in(self: Scheduler, seq: Sequence) -> bool:
+    "Resume a swapped sequence (its pages copied back, plus one for its next token if needed); False if it must wait."
+    extra = pages_needed(self._tokens_to_hold(seq), self.pages.page_size) - len(seq.swapped_pages)
+    if self.pages.num_available() < len(seq.swapped_pages) + extra + self._keep_free(): return False
+    try:
+        table = self.pages.swap_in(seq.swapped_pages)
+    except Exception:  # its computed tokens are lost: it is recomputed instead
+        _log.warning("swapping a preempted sequence back in failed; recomputing it", exc_info=True)
+        self.pages.drop_swapped(seq.swapped_pages)
+        seq.swapped_pages = None
+        self._drop_computed(seq)
+        return False
+    seq.page_table, seq.swapped_pages = table + self.pages.take(extra), None
+    return True
+
+# %% ../nbs/10_scheduler.ipynb #9fac5d8b
+@patch
+def _prefill_priority(self: Scheduler, seq: Sequence, now: float) -> tuple:
+    "Sort key of an unfinished prompt: overdue ones first (oldest first), then aged, then the rest; in each, the order."
+    overdue = now - seq.arrival_s >= self.config.prefill_overdue_s
+    by_size = self.config.prefill_order == "shortest-first" and not overdue
+    return (not overdue, not _aged(seq, now), seq.num_prefill_tokens_left if by_size else 0, seq.arrival_s, seq.seq_id)
+
+
+@patch
+def _plan_prefill(self: Scheduler, budget: int, now: float) -> list[ScheduledChunk]:
+    prompts = sorted((s for s in self.running if s.is_prefilling), key=lambda s: self._prefill_priority(s, now))
+    if budget <= 0 and any(_aged(s, now) for s in prompts):
+        budget = math.ceil(self.config.prefill_chunk_size * AGED_PREFILL_SHARE)
+    chunks = []
+    for seq in prompts:
+        if budget <= 0: break
+        n = min(budget, seq.num_prefill_tokens_left)
+        start = seq.num_computed_tokens
+        chunks.append(ScheduledChunk(seq, start, seq.token_ids(start, start + n), start + n == seq.num_tokens))
+        budget -= n
+    return chunks
+
+# %% ../nbs/10_scheduler.ipynb #d6bdfc50
+@patch
+def on_computed(self: Scheduler, plan: TickPlan, now: float):
+    "After the forward: advance progress and offer newly completed prompt pages to the prefix cache."
+    for chunk in plan.chunks:
+        seq = chunk.seq
+        start, end = chunk.start, chunk.start + chunk.num_tokens
+        seq.num_computed_tokens = end - chunk.num_draft_tokens  # drafted tokens count once accepted
+        self.num_draft_tokens += chunk.num_draft_tokens
+        if not chunk.is_decode: seq.waiting_since_s = now
+        self.num_recompute_tokens += max(0, min(end, seq.recompute_until) - start)
+        self.num_prompt_tokens += max(0, min(end, seq.num_prompt_tokens) - max(start, seq.recompute_until))
+        if chunk.start < seq.num_prompt_tokens:  # it computed prompt tokens
+            full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pages.page_size
+            self.pages.register(seq.block_hashes[:full], seq.page_table[:full])
+
+
+@patch
+def finish(self: Scheduler, seq: Sequence, now: float | None = None):
+    "Remove a sequence (finished or cancelled, running or preempted) and release its pages on both tiers."
+    if seq.status is SeqStatus.RUNNING:
         self.running.remove(seq)
-        self.pages.release(seq.page_table)
-        seq.page_table, seq.status = [], SeqStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.resuming.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+        self.pages.release(seq.page_table, now)
+    elif seq.status is SeqStatus.WAITING:
+        (self.resuming if seq in self.resuming else self.waiting).remove(seq)
+        if seq.swapped_pages is not None: self.pages.drop_swapped(seq.swapped_pages)
+    seq.status, seq.page_table, seq.swapped_pages = SeqStatus.FINISHED, [], None
 
-    def _drop_computed(self, seq: Sequence):
-        "Its keys and values are gone: it will compute its tokens again (what the prefix cache still holds excepted)."
-        seq.recompute_until = max(seq.recompute_until, seq.num_computed_tokens)
-        seq.num_computed_tokens = 0
 
-    def _keep_free(self) -> int:
-        "Pages an admission must leave for the running decodes (none when nothing runs: a lone request always fits)."
-        return self.keep_free if self.running else 0
-
-    def _admit(self, now: float):
-        while (self.resuming or self.waiting) and len(self.running) < self.config.max_batch_size:
-            queue = self.resuming or self.waiting
-            seq = queue[0]
-            started = time.perf_counter()
-            if not self._take_pages(seq): return  # head-of-queue waits
-            queue.popleft()
-            if seq.num_preemptions == 0: seq.prefix_lookup_s = time.perf_counter() - started
-            seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
-            self.running.append(seq)
-
-    def _take_pages(self, seq: Sequence) -> bool:
-        "Build the page table a sequence starts (or resumes) with, if it fits now."
-        if seq.swapped_pages is not None:
-            if self._swap_in(seq): return True
-            if seq.swapped_pages is not None: return False  # no room yet
-        tokens = self._tokens_to_hold(seq)
-        match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
-        if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
-        first = seq.num_preemptions == 0  # the prefix cache counts a sequence's lookup once
-        try: seq.page_table = self.pages.allocate(tokens, match, count_use=first)
-        except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
-            _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
-            match = PrefixMatch(len(match.pages) * self.pages.page_size, match.pages, match.num_queried_tokens)
-            seq.page_table = self.pages.allocate(tokens, match, count_use=first)
-        if seq.num_preemptions == 0: seq.num_cached_tokens = match.num_cached_tokens
-        seq.num_computed_tokens = match.num_cached_tokens
-        return True
-
-    def _tokens_to_hold(self, seq: Sequence) -> int:
-        "The tokens an admitted sequence's pages cover: what it has (on demand), or its prompt plus max_tokens (full)."
-        return seq.num_tokens if self.on_demand else seq.num_reserved_tokens
-
-    def _swap_in(self, seq: Sequence) -> bool:
-        "Resume a swapped sequence (its pages copied back, plus one for its next token if needed); False if it must wait."
-        extra = pages_needed(self._tokens_to_hold(seq), self.pages.page_size) - len(seq.swapped_pages)
-        if self.pages.num_available() < len(seq.swapped_pages) + extra + self._keep_free(): return False
-        try:
-            table = self.pages.swap_in(seq.swapped_pages)
-        except Exception:  # its computed tokens are lost: it is recomputed instead
-            _log.warning("swapping a preempted sequence back in failed; recomputing it", exc_info=True)
-            self.pages.drop_swapped(seq.swapped_pages)
-            seq.swapped_pages = None
-            self._drop_computed(seq)
-            return False
-        seq.page_table, seq.swapped_pages = table + self.pages.take(extra), None
-        return True
-
-    def _prefill_priority(self, seq: Sequence, now: float) -> tuple:
-        "Sort key of an unfinished prompt: overdue ones first (oldest first), then aged, then the rest; in each, the order."
-        overdue = now - seq.arrival_s >= self.config.prefill_overdue_s
-        by_size = self.config.prefill_order == "shortest-first" and not overdue
-        return (not overdue, not _aged(seq, now), seq.num_prefill_tokens_left if by_size else 0, seq.arrival_s, seq.seq_id)
-
-    def _plan_prefill(self, budget: int, now: float) -> list[ScheduledChunk]:
-        prompts = sorted((s for s in self.running if s.is_prefilling), key=lambda s: self._prefill_priority(s, now))
-        if budget <= 0 and any(_aged(s, now) for s in prompts):
-            budget = math.ceil(self.config.prefill_chunk_size * AGED_PREFILL_SHARE)
-        chunks = []
-        for seq in prompts:
-            if budget <= 0: break
-            n = min(budget, seq.num_prefill_tokens_left)
-            start = seq.num_computed_tokens
-            chunks.append(ScheduledChunk(seq, start, seq.token_ids(start, start + n), start + n == seq.num_tokens))
-            budget -= n
-        return chunks
-
-    def on_computed(self, plan: TickPlan, now: float):
-        "After the forward: advance progress and offer newly completed prompt pages to the prefix cache."
-        for chunk in plan.chunks:
-            seq = chunk.seq
-            start, end = chunk.start, chunk.start + chunk.num_tokens
-            seq.num_computed_tokens = end - chunk.num_draft_tokens  # drafted tokens count once accepted
-            self.num_draft_tokens += chunk.num_draft_tokens
-            if not chunk.is_decode: seq.waiting_since_s = now
-            self.num_recompute_tokens += max(0, min(end, seq.recompute_until) - start)
-            self.num_prompt_tokens += max(0, min(end, seq.num_prompt_tokens) - max(start, seq.recompute_until))
-            if chunk.start < seq.num_prompt_tokens:  # it computed prompt tokens
-                full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pages.page_size
-                self.pages.register(seq.block_hashes[:full], seq.page_table[:full])
-
-    def finish(self, seq: Sequence, now: float | None = None):
-        "Remove a sequence (finished or cancelled, running or preempted) and release its pages on both tiers."
-        if seq.status is SeqStatus.RUNNING:
-            self.running.remove(seq)
-            self.pages.release(seq.page_table, now)
-        elif seq.status is SeqStatus.WAITING:
-            (self.resuming if seq in self.resuming else self.waiting).remove(seq)
-            if seq.swapped_pages is not None: self.pages.drop_swapped(seq.swapped_pages)
-        seq.status, seq.page_table, seq.swapped_pages = SeqStatus.FINISHED, [], None
-
-    @property
-    def has_work(self) -> bool: return bool(self.waiting or self.resuming or self.running)
+@patch(as_prop=True)
+def has_work(self: Scheduler) -> bool: return bool(self.waiting or self.resuming or self.running)

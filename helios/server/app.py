@@ -212,7 +212,7 @@ async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int)
         else:
             out.append((None, list(p)))
         try:
-            llm.engine.scheduler.check_fits(len(out[-1][1]), max_tokens)  # before tokenizing the next one
+            llm.engine.check_fits(len(out[-1][1]), max_tokens)  # before tokenizing the next one
         except ValueError as e:
             raise APIError(400, str(e), param="prompt") from None
     return out

@@ -7,7 +7,7 @@ import pytest
 from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.config import EngineConfig
-from helios.engine import Engine, EngineError
+from helios.engine import Engine, EngineError, SubmitRequest
 from helios.sampling import InvalidParam, unpack_token_masks
 from helios.structured import GrammarViolation, json_schema_grammar, lark_grammar
 
@@ -150,8 +150,9 @@ def test_grammars_compile_once_in_submit_on_the_callers_thread(tiny, monkeypatch
 def test_submit_carries_the_matchers_and_admission_builds_none(tiny):
     engine = step_engine(tiny)
     handle = engine.submit(tiny.tokenizer.encode("a"), constrained(ENUMS, temperature=0, n=2))
-    (kind, req), = list(engine._inbox.queue)
-    assert kind == "add" and len(req.matchers) == 2 and req.matchers[0] is not req.matchers[1]
+    (message,) = list(engine._inbox.queue)
+    req = message.request
+    assert isinstance(message, SubmitRequest) and len(req.matchers) == 2 and req.matchers[0] is not req.matchers[1]
     def no_compiling(*args, **kw): raise AssertionError("a matcher built on the engine thread")
     engine.grammars.matchers = engine.grammars.matcher = no_compiling
     while engine.step(): pass
