@@ -19,6 +19,7 @@ from ..kv.batch import PagedBatch
 from ..kv.pages import pages_needed
 from ..kv.pool import KVPool
 from ..model.attention import SequenceContext
+from ..model.qwen3 import DecoderLayer
 from ..registry import Choice, choose
 
 Timer = Callable[[str], AbstractContextManager]  # timer("attention") times what runs inside the with block
@@ -34,7 +35,7 @@ class AttentionBackend(ABC):
                  scale: float | None = None) -> torch.Tensor:
         "q: [1, N, Hq, Dk], k_pages: [P, page_size, Hkv, Dk], v_pages: [P, page_size, Hkv, Dv] -> [1, N, Hq, Dv]."
 
-    def run_layer(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
+    def run_layer(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
         "One decoder layer: here the model's own forward, which calls back into `kv.attend`."
         return layer(x, cos, sin, kv, rows)
