@@ -7,8 +7,8 @@ Docs: https://helios-engine.github.io/helios/attention.html.md"""
 # %% ../../nbs/02_attention.ipynb #a52e632d
 from __future__ import annotations
 
-import math
 import inspect
+import math
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
