@@ -100,7 +100,7 @@ def stream_tokens(model: CausalLM, prompt_ids: list[int], max_new_tokens: int,
                   pick: Callable[[torch.Tensor], int] = greedy) -> Iterator[int]:
     "Yield up to max_new_tokens tokens after prompt_ids, using a contiguous KV cache."
     if not prompt_ids: raise ValueError("the prompt must contain at least one token")
-    device, dtype = model.model.embed_tokens.weight.device, model.model.embed_tokens.weight.dtype
+    device, dtype = model.device, model.dtype
     cache = KVCache(model.config, 1, len(prompt_ids) + max_new_tokens, dtype, device)
     logits = prefill(model, cache, torch.tensor([prompt_ids], device=device))[0]
     for i in range(max_new_tokens):
@@ -122,7 +122,7 @@ def generate(model: CausalLM, prompt_ids: list[int], max_new_tokens: int, eos_id
 @torch.inference_mode()
 def generate_without_cache(model: CausalLM, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     "Greedy generation that recomputes the whole sequence at every step (the baseline)."
-    device = model.model.embed_tokens.weight.device
+    device = model.device
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
         x = torch.tensor([ids], device=device)

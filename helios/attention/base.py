@@ -7,7 +7,7 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['Timer', 'AttentionBackend', 'PagedKV', 'gather_pages', 'values_in_keys', 'gather_sequence', 'choose_backend']
 
-# %% ../../nbs/08_paged_pool.ipynb #dbd3e3d8
+# %% ../../nbs/08_paged_pool.ipynb #388b3989
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import Callable
@@ -19,6 +19,7 @@ from ..kv.batch import PagedBatch
 from ..kv.pages import pages_needed
 from ..kv.pool import KVPool
 from ..model.attention import SequenceContext
+from ..model.qwen3 import DecoderLayer
 from ..registry import Choice, choose
 
 Timer = Callable[[str], AbstractContextManager]  # timer("attention") times what runs inside the with block
@@ -34,7 +35,7 @@ class AttentionBackend(ABC):
                  scale: float | None = None) -> torch.Tensor:
         "q: [1, N, Hq, Dk], k_pages: [P, page_size, Hkv, Dk], v_pages: [P, page_size, Hkv, Dv] -> [1, N, Hq, Dv]."
 
-    def run_layer(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
+    def run_layer(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
         "One decoder layer: here the model's own forward, which calls back into `kv.attend`."
         return layer(x, cos, sin, kv, rows)
@@ -43,7 +44,7 @@ class AttentionBackend(ABC):
         "Seconds the backend timed inside its own calls, by part, since it was made (none here)."
         return {}
 
-
+# %% ../../nbs/08_paged_pool.ipynb #651e89d1
 class PagedKV:
     "K/V storage in a KVPool for one packed forward, and the backend that attends over it."
     def __init__(self, pool: KVPool, batch: PagedBatch, backend: AttentionBackend, timer: Timer | None = None):
@@ -85,7 +86,7 @@ class PagedKV:
         keys, values = gather_sequence(self.pool.k[layer_idx], self.pool.values(layer_idx), self.batch.page_tables[i], ctx)
         return SequenceContext(0, start, n, keys, values)
 
-
+# %% ../../nbs/08_paged_pool.ipynb #f511cbf8
 def gather_pages(pages_of_layer: torch.Tensor, page_table: torch.Tensor, length: int) -> torch.Tensor:
     """A sequence's first `length` tokens from pages_of_layer: [P, page_size, H, D] -> [length, H, D]. On the CPU,
     consecutive pages are a view; on a GPU they are always gathered, since looking costs a device-to-host sync."""
@@ -110,7 +111,7 @@ def gather_sequence(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.T
     v = k[..., :v_pages.shape[-1]] if values_in_keys(k_pages, v_pages) else gather_pages(v_pages, table, length)
     return k, v.to(dtype or v_pages.dtype)
 
-
+# %% ../../nbs/08_paged_pool.ipynb #df313c53
 def choose_backend(cfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device | str, name: str = "auto",
                    capability: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> Choice:
     """The attention backend for this model, KV dtype and device: `name`, or under auto the best registered one.

@@ -7,7 +7,7 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['FLASH_MIN_CAPABILITY', 'VARLEN_KEYWORDS', 'VARLEN', 'varlen_unavailable', 'varlen_available', 'varlen_attention', 'VarlenAttention']
 
-# %% ../../nbs/08_paged_pool.ipynb #076628b6
+# %% ../../nbs/08_paged_pool.ipynb #c6ec7591
 import inspect
 
 import torch
@@ -40,7 +40,7 @@ def varlen_available(device: torch.device, capability: tuple[int, int] | None = 
     "True on CUDA devices of capability 8.0+ where PyTorch ships varlen_attn."
     return varlen_unavailable(device, capability) is None
 
-
+# %% ../../nbs/08_paged_pool.ipynb #056da518
 def varlen_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                      scale: float | None = None) -> torch.Tensor:
     "FlashAttention over pages (CUDA), reading the batch's device tensors only. q: [1, N, Hq, D]."
@@ -57,7 +57,7 @@ class VarlenAttention(AttentionBackend):
     graph_safe = True  # reads lengths from device tensors: a CUDA graph can replay it (chapter 17)
     def __call__(self, q, k_pages, v_pages, batch, scale=None): return varlen_attention(q, k_pages, v_pages, batch, scale)
 
-
+# %% ../../nbs/08_paged_pool.ipynb #73691ec1
 def _build_varlen(device: torch.device, cfg=None, capability: tuple[int, int] | None = None,
                   kv_dtype: torch.dtype | None = None, dtype: torch.dtype | None = None, **_) -> VarlenAttention:
     reason = varlen_unavailable(torch.device(device), capability)

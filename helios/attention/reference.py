@@ -7,7 +7,7 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['REFERENCE', 'BATCHED', 'reference_attention', 'batched_attention', 'prefill_chunks_attention', 'ReferenceAttention', 'BatchedAttention']
 
-# %% ../../nbs/08_paged_pool.ipynb #8e308740
+# %% ../../nbs/08_paged_pool.ipynb #b9877387
 import torch
 
 from .base import AttentionBackend, gather_sequence, values_in_keys
@@ -29,7 +29,7 @@ def reference_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 
-
+# %% ../../nbs/08_paged_pool.ipynb #ac7a3063
 def _gather_head_major(pages_of_layer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
     "Rows' first `length` tokens, heads first, copied once: pages [P, page_size, Hkv, D], tables [B, n] -> [B, Hkv, length, D]."
     by_head = pages_of_layer.transpose(1, 2)                          # [P, Hkv, page_size, D], a view
@@ -58,7 +58,7 @@ def _decode_rows_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     probs = scores.softmax(-1).to(v.dtype)
     return torch.matmul(probs, v).view(R, num_heads, v.shape[-1])               # [R, Hkv, G, Dv] -> [R, Hq, Dv]
 
-
+# %% ../../nbs/08_paged_pool.ipynb #1ec4f172
 def batched_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                       scale: float | None = None) -> torch.Tensor:
     "Decode rows batched in two matmuls; prefill chunks per sequence. q: [1, N, Hq, Dk] -> [1, N, Hq, Dv]."
@@ -82,7 +82,7 @@ def prefill_chunks_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: to
         out[:, start:start + n] = sdpa_attention(q[:, start:start + n], k[None], v[None], scale)
     return out
 
-
+# %% ../../nbs/08_paged_pool.ipynb #e95bf45e
 class ReferenceAttention(AttentionBackend):
     "Per sequence: gather its pages, then causal SDPA. Slow and obviously right: the oracle of every other backend."
     name = "PyTorch reference"

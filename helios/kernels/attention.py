@@ -7,16 +7,18 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['C_KERNELS', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'CKernels', 'c_kernels']
 
-# %% ../../nbs/92_kernels.ipynb #k92017aa
+# %% ../../nbs/92_kernels.ipynb #2af2ed82
 import ctypes
 import weakref
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from fastcore.basics import patch
 from torch import nn
 
 from ..attention.base import AttentionBackend, PagedKV
+from ..model.qwen3 import DecoderLayer, FusedWeights
 from .build import build_kernels, load_built
 from .matmul import c_function
 from ..kv.batch import PagedBatch
@@ -29,7 +31,7 @@ def check_default_scale(scale: float | None, head_dim: int):
     if scale is not None and abs(scale - head_dim ** -0.5) > 1e-12 * head_dim ** -0.5:
         raise ValueError(f"the C attention scales by 1/sqrt({head_dim}), not {scale}")
 
-
+# %% ../../nbs/92_kernels.ipynb #47b5503a
 class DecodeAttention:
     "The library's `paged_decode_attention`: every packed token is one row, which reads its pages in place."
     def __init__(self, library: ctypes.CDLL, shape: tuple[int, int, int], kv_dtype: torch.dtype = torch.float32):
@@ -94,13 +96,12 @@ class LayerOps:
                        total.data_ptr(), normed.data_ptr(), x.numel() // dim, dim, norm.eps, torch.get_num_threads())
         return normed, total
 
-    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: nn.Module,
+    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: FusedWeights,
                    kv: PagedKV) -> torch.Tensor:
         "qkv: [1, N, q + 2 kv] -> q: [1, N, Hq, D] after QK-norm and RoPE; k and v go to their slots in kv's pool."
         n, (num_heads, _, head_dim) = qkv.shape[1], self.shape
         q = qkv.new_empty(1, n, num_heads, head_dim)
-        q_norm, k_norm = (attn.q_norm, attn.k_norm) if attn.qk_norm else (None, None)
-        layer = attn.layer_idx
+        q_norm, k_norm, layer = weights.q_norm, weights.k_norm, weights.layer_idx
         self._rope_store(qkv.data_ptr(), qkv.shape[-1], n, cos.data_ptr(), sin.data_ptr(),
                          q_norm.weight.data_ptr() if q_norm else None, k_norm.weight.data_ptr() if k_norm else None,
                          q_norm.eps if q_norm else 0.0, q.data_ptr(), kv.pool.k[layer].data_ptr(),
@@ -114,35 +115,31 @@ class LayerOps:
         self._silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(), torch.get_num_threads())
         return out
 
-    def can_run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
-        "Fused projections, and contiguous activations in a tick the C functions can read (tick_fits)."
-        return (hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj") and hasattr(layer.mlp, "down_proj")
-                and x.is_contiguous()
-                and self.tick_fits(x, cos, sin, kv))
-
-    def tick_fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
-        "One packed row of float32 activations and angles, pages of the built dtype and int64 slots, as the kernels read."
-        (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
-        return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
-                and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
-                and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
-                and len(batch.slot_mapping) == len(batch.positions) == n
-                and pool.k.dtype == pool.v.dtype == self.kv_dtype and pool.k.is_contiguous() and pool.v.is_contiguous()
-                and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
-
-    def run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
+    def run(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
             rows: torch.Tensor | None = None) -> torch.Tensor | None:
         "Chapter 03's DecoderLayer.forward as ten calls: the C functions and the matmuls; None where it cannot run."
-        if not self.can_run(layer, x, cos, sin, kv): return None
-        attn, mlp = layer.self_attn, layer.mlp
-        h, _ = self.rms_norm(x, layer.input_layernorm)                          # [1, N, hidden]
-        q = self.rope_store(attn.qkv_proj(h), cos, sin, attn, kv)               # [1, N, Hq, D]; k, v in the pages
-        k_pages, v_pages = kv.pool.k[attn.layer_idx], kv.pool.v[attn.layer_idx]
+        w = layer.fused_weights()  # None: not the dense layer (experts, another attention)
+        if w is None or not x.is_contiguous() or not self.tick_fits(x, cos, sin, kv): return None
+        h, _ = self.rms_norm(x, w.input_layernorm)                              # [1, N, hidden]
+        q = self.rope_store(w.qkv_proj(h), cos, sin, w, kv)                     # [1, N, Hq, D]; k, v in the pages
+        k_pages, v_pages = kv.pool.k[w.layer_idx], kv.pool.v[w.layer_idx]
         with kv.timer("attention") if kv.timer else nullcontext():             # as PagedKV.attend times it
             out = kv.backend(q, k_pages, v_pages, kv.batch)                      # [1, N, Hq, D]
         if rows is not None: out, x = out[:, rows], x[:, rows]                   # [1, M, ...]: only these go on
-        h, x = self.rms_norm(x, layer.post_attention_layernorm, attn.o_proj(out.flatten(2)))
-        return x + mlp.down_proj(self.silu_mul(mlp.gate_up_proj(h)))           # [1, N, hidden]
+        h, x = self.rms_norm(x, w.post_attention_layernorm, w.o_proj(out.flatten(2)))
+        return x + w.down_proj(self.silu_mul(w.gate_up_proj(h)))               # [1, N, hidden]
+
+# %% ../../nbs/92_kernels.ipynb #74f59f7b
+@patch
+def tick_fits(self: LayerOps, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> bool:
+    "One packed row of float32 activations and angles, pages of the built dtype and int64 slots, as the kernels read."
+    (_, num_kv_heads, head_dim), n, batch, pool = self.shape, x.shape[1], kv.batch, kv.pool
+    return (x.dim() == 3 and x.shape[0] == 1 and x.dtype == cos.dtype == sin.dtype == torch.float32
+            and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == n * head_dim // 2
+            and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous()
+            and len(batch.slot_mapping) == len(batch.positions) == n
+            and pool.k.dtype == pool.v.dtype == self.kv_dtype and pool.k.is_contiguous() and pool.v.is_contiguous()
+            and pool.k.shape[-2:] == pool.v.shape[-2:] == (num_kv_heads, head_dim))
 
 # %% ../../nbs/92_kernels.ipynb #k92044aa
 from .abi import LayerWeights, Tick, check_abi
@@ -160,52 +157,33 @@ class DecoderLayers:
         self._weights = weakref.WeakKeyDictionary()  # layer -> LayerWeights, or None where it cannot be one call
         self._tick_key = self._tick = None
 
-    def layer_weights(self, layer: nn.Module) -> LayerWeights | None:
+    def layer_weights(self, layer: DecoderLayer) -> LayerWeights | None:
         "The layer's weights for decoder_layer, or None if it is not the layer decoder_layer runs (made once per layer)."
-        if layer not in self._weights: self._weights[layer] = self._layer_weights(layer)
+        if layer not in self._weights: self._weights[layer] = self._layer_weights(layer.fused_weights())
         return self._weights[layer]
 
-    def _layer_weights(self, layer: nn.Module) -> LayerWeights | None:
-        attn, mlp, (num_heads, num_kv_heads, head_dim) = layer.self_attn, layer.mlp, self.shape
-        qkv, o, gate_up, down = (getattr(attn, "qkv_proj", None), getattr(attn, "o_proj", None),
-                                 getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))  # experts: none
-        if not all(isinstance(p, CHalfLinear) and p._matmul is qkv._matmul for p in (qkv, o, gate_up, down)): return None
-        norms = [layer.input_layernorm, layer.post_attention_layernorm] + ([attn.q_norm, attn.k_norm] if attn.qk_norm else [])
+    def _layer_weights(self, w: FusedWeights | None) -> LayerWeights | None:
+        if w is None: return None  # not the dense layer: experts, another attention
+        num_heads, num_kv_heads, head_dim = self.shape
+        projections = qkv, o, gate_up, down = w.qkv_proj, w.o_proj, w.gate_up_proj, w.down_proj
+        if not all(isinstance(p, CHalfLinear) and p.matmul is qkv.matmul for p in projections): return None
+        qk_norm = w.q_norm is not None
+        norms = [w.input_layernorm, w.post_attention_layernorm] + ([w.q_norm, w.k_norm] if qk_norm else [])
         floats = [n.weight for n in norms] + ([qkv.bias] if qkv.bias is not None else [])
         if not (o.bias is None and gate_up.bias is None and down.bias is None   # decoder_layer adds no other bias
                 and qkv.out_features == (num_heads + 2 * num_kv_heads) * head_dim and o.in_features == num_heads * head_dim
                 and qkv.in_features == o.out_features == gate_up.in_features == down.out_features
                 and gate_up.out_features == 2 * down.in_features
-                and norms[0].eps == norms[1].eps and (not attn.qk_norm or norms[2].eps == norms[3].eps)  # one eps each
+                and norms[0].eps == norms[1].eps and (not qk_norm or norms[2].eps == norms[3].eps)  # one eps each
                 and all(t.dtype == torch.float32 and t.is_contiguous() for t in floats)):
             return None
         return LayerWeights(*(n.weight.data_ptr() for n in norms[:2]), *([n.weight.data_ptr() for n in norms[2:]] or [None, None]),
-                            norms[0].eps, norms[2].eps if attn.qk_norm else 0.0,
-                            *(p.packed.data_ptr() for p in (qkv, o, gate_up, down)),
+                            norms[0].eps, norms[2].eps if qk_norm else 0.0,
+                            *(p.packed.data_ptr() for p in projections),
                             qkv.bias.data_ptr() if qkv.bias is not None else None,
-                            o.out_features, down.in_features, attn.layer_idx, ctypes.cast(qkv._matmul, ctypes.c_void_p).value)
+                            o.out_features, down.in_features, w.layer_idx, ctypes.cast(qkv.matmul, ctypes.c_void_p).value)
 
-    def tick(self, weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> Tick | None:
-        "The tick's struct and scratch, made at its first layer; None where decoder_layer cannot read the tick's tensors."
-        key = self._tick_key
-        if key is None or key[0] is not kv.batch or key[1] is not cos or key[2] is not kv.pool:
-            self._tick_key, self._tick = (kv.batch, cos, kv.pool), None
-            if self.ops.tick_fits(x, cos, sin, kv):
-                n, (num_heads, num_kv_heads, head_dim) = x.shape[1], self.shape
-                per_token = 2 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim + 3 * weights.inter
-                tables, lens = self.attention.token_rows(kv.batch)
-                scratch = x.new_empty(n * per_token)
-                pool = kv.pool
-                struct = Tick(n, cos.data_ptr(), sin.data_ptr(), kv.batch.slot_mapping.data_ptr(), tables.data_ptr(),
-                              lens.data_ptr(), tables.stride(0), pool.page_size, pool.k.data_ptr(), pool.v.data_ptr(),
-                              pool.k[0].numel(), scratch.data_ptr(), head_dim ** -0.5, torch.get_num_threads(),
-                              self.clocks.data_ptr())
-                keep = scratch, tables, lens, sin  # the struct points into these (kv.batch, cos and the pool: the key)
-                self._tick = struct, (n, weights.hidden, weights.inter), keep
-        if self._tick is None or self._tick[1] != (x.shape[1], weights.hidden, weights.inter): return None
-        return self._tick[0]
-
-    def run(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
+    def run(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
             rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """The layer as one C call, or None where it cannot be one. rows: [M] indices of the tokens whose outputs are
         returned ([1, M, hidden]); None: all of them."""
@@ -220,12 +198,36 @@ class DecoderLayers:
             raise MemoryError("the C decoder layer could not allocate memory (attention scores, or the tables of rows)")
         return out
 
-    def measured_s(self) -> dict[str, float]:
-        "Seconds decoder_layer has spent in matmuls and in attention since these layers were made."
-        matmul_s, attention_s = self.clocks.tolist()
-        return {"matmul": matmul_s, "attention": attention_s}
+# %% ../../nbs/92_kernels.ipynb #5018e508
+@patch
+def tick(self: DecoderLayers, weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV) -> Tick | None:
+    "The tick's struct and scratch, made at its first layer; None where decoder_layer cannot read the tick's tensors."
+    key = self._tick_key
+    if key is None or key[0] is not kv.batch or key[1] is not cos or key[2] is not kv.pool:
+        self._tick_key, self._tick = (kv.batch, cos, kv.pool), None
+        if self.ops.tick_fits(x, cos, sin, kv):
+            n, (num_heads, num_kv_heads, head_dim) = x.shape[1], self.shape
+            per_token = 2 * weights.hidden + (num_heads + 2 * num_kv_heads) * head_dim + 2 * num_heads * head_dim + 3 * weights.inter
+            tables, lens = self.attention.token_rows(kv.batch)
+            scratch = x.new_empty(n * per_token)
+            pool = kv.pool
+            struct = Tick(n, cos.data_ptr(), sin.data_ptr(), kv.batch.slot_mapping.data_ptr(), tables.data_ptr(),
+                          lens.data_ptr(), tables.stride(0), pool.page_size, pool.k.data_ptr(), pool.v.data_ptr(),
+                          pool.k[0].numel(), scratch.data_ptr(), head_dim ** -0.5, torch.get_num_threads(),
+                          self.clocks.data_ptr())
+            keep = scratch, tables, lens, sin  # the struct points into these (kv.batch, cos and the pool: the key)
+            self._tick = struct, (n, weights.hidden, weights.inter), keep
+    if self._tick is None or self._tick[1] != (x.shape[1], weights.hidden, weights.inter): return None
+    return self._tick[0]
 
 
+@patch
+def measured_s(self: DecoderLayers) -> dict[str, float]:
+    "Seconds decoder_layer has spent in matmuls and in attention since these layers were made."
+    matmul_s, attention_s = self.clocks.tolist()
+    return {"matmul": matmul_s, "attention": attention_s}
+
+# %% ../../nbs/92_kernels.ipynb #89ec5957
 def checked_rows(rows, n: int) -> torch.Tensor:
     """rows (a tensor or list of token indices, negative ones counted from the end, as in `x[:, rows]`) as the C
     layer reads them: int64, contiguous, on the CPU, at most n of them. IndexError where one is not a token of n."""
@@ -259,7 +261,7 @@ class CKernels(AttentionBackend):
         "One query per row against its first lens[r] tokens (DecodeAttention.decode). q: [R, Hq, D] -> [R, Hq, D]."
         return self.attention.decode(q, k_pages, v_pages, tables, lens)
 
-    def run_layer(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
+    def run_layer(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
         "One C call where the layer can be one, else the ten calls, else the model's own forward (its attention in C)."
         out = None if self.layers is None else self.layers.run(layer, x, cos, sin, kv, rows)

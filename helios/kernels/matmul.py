@@ -52,12 +52,12 @@ class CHalfLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("packed", self.pack(weight))  # float16 [ceil(out / 16), in, 16], or a subclass's layout
-        self.bias, self._matmul = bias, matmul
+        self.bias, self.matmul = bias, matmul  # the ctypes function: decoder_layer is handed the same one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out] float32
         flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
         out = flat.new_empty(flat.shape[0], self.out_features)
-        self._matmul(flat.data_ptr(), flat.shape[0], self.in_features, self.packed.data_ptr(), self.out_features,
+        self.matmul(flat.data_ptr(), flat.shape[0], self.in_features, self.packed.data_ptr(), self.out_features,
                      out.data_ptr(), torch.get_num_threads())
         if self.bias is not None: out += self.bias
         return out.view(*x.shape[:-1], self.out_features)

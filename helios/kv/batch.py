@@ -7,7 +7,7 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['DecodeRows', 'PagedBatch', 'to_device', 'logit_indices', 'build_paged_batch', 'decode_graph_batch']
 
-# %% ../../nbs/08_paged_pool.ipynb #40ce8ebc
+# %% ../../nbs/08_paged_pool.ipynb #6687e603
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple
@@ -58,7 +58,7 @@ class PagedBatch:
         self.subsets[tuple(seqs)] = batch  # latent attention asks again in every layer
         return batch
 
-
+# %% ../../nbs/08_paged_pool.ipynb #3bebfd9e
 def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Integer host tensors moved to `device` in ONE copy (none on the CPU): packed into one int64 buffer, pinned
     on CUDA so that the copy is asynchronous, then cut back into views of their shapes and dtypes."""
@@ -72,7 +72,7 @@ def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.T
         offset += t.numel()
     return out
 
-
+# %% ../../nbs/08_paged_pool.ipynb #6c09d724
 def _decode_groups(lens: list[int], contexts: list[int], page_size: int) -> list[tuple[int, list[int]]]:
     "(pages spanned, rows) of the one-token rows, by pages spanned; none if fewer than two rows decode."
     rows = [i for i, n in enumerate(lens) if n == 1]
@@ -88,7 +88,7 @@ def logit_indices(last: torch.Tensor, sampling: list[int], num_logits: list[int]
     if num_logits is None or not sampling: return ends  # (a tick of prompt chunks that all go on: none)
     return torch.cat([torch.arange(end - n + 1, end + 1) for end, n in zip(ends.tolist(), num_logits)])
 
-
+# %% ../../nbs/08_paged_pool.ipynb #6a260c75
 def build_paged_batch(page_tables: torch.Tensor, starts: list[int], lens: list[int], page_size: int,
                       device: torch.device | str | None = None, token_ids: list[int] | None = None,
                       sampling: list[int] | None = None, num_logits: list[int] | None = None) -> PagedBatch:
@@ -136,7 +136,7 @@ def _decode_group(rows: list[int], rows_t: torch.Tensor, tables: torch.Tensor,
     return DecodeRows(rows, None if in_order else last[rows_t], group_tables[:, :pages_needed(longest, page_size)],
                       longest, padding)
 
-
+# %% ../../nbs/08_paged_pool.ipynb #6b0b471b
 def decode_graph_batch(positions: torch.Tensor, slots: torch.Tensor, page_tables: torch.Tensor,
                        context_lens: torch.Tensor, page_size: int) -> PagedBatch:
     """A decode-only batch of R rows made of device tensors alone, as a CUDA graph replays it: every row reads

@@ -7,10 +7,12 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['PageCopier', 'PageManager']
 
-# %% ../../nbs/09_prefix_cache.ipynb #5296a54d
+# %% ../../nbs/09_prefix_cache.ipynb #e80c8bc3
 import logging
 import time
 from typing import Protocol
+
+from fastcore.basics import patch
 
 from .pages import PagePool, pages_needed
 from .prefix_cache import ROOT_HASH, PrefixCache, PrefixMatch
@@ -56,160 +58,196 @@ class PageManager:
     @property
     def num_host_cached_pages(self) -> int: return self.prefix_cache.num_host_pages if self.prefix_cache else 0
 
-    def match_prefix(self, block_hashes: list[bytes], num_prompt_tokens: int) -> PrefixMatch:
-        "The reusable cached prefix of a prompt (never all of it)."
-        if self.prefix_cache is None: return PrefixMatch(0, [])
-        usable = (num_prompt_tokens - 1) // self.page_size
-        return self.prefix_cache.lookup(block_hashes[:usable], self.page_size)
+# %% ../../nbs/09_prefix_cache.ipynb #fe64bb4b
+@patch
+def match_prefix(self: PageManager, block_hashes: list[bytes], num_prompt_tokens: int) -> PrefixMatch:
+    "The reusable cached prefix of a prompt (never all of it)."
+    if self.prefix_cache is None: return PrefixMatch(0, [])
+    usable = (num_prompt_tokens - 1) // self.page_size
+    return self.prefix_cache.lookup(block_hashes[:usable], self.page_size)
 
-    def num_available(self, match: PrefixMatch | None = None) -> int:
-        "Pages a new allocation could get now: free ones, and idle cached ones except those the match reuses."
-        reused = match.pages if match else []
-        idle_reused = sum(1 for p in reused if self.prefix_cache.is_idle(p)) if self.prefix_cache else 0
-        return self.num_free_pages + self.num_cached_pages - idle_reused
 
-    def can_allocate(self, num_tokens: int, match: PrefixMatch, keep_free: int = 0) -> bool:
-        "Whether a page table for num_tokens (reusing match) fits right now, leaving keep_free pages available."
-        fresh = pages_needed(num_tokens, self.page_size) - len(match.pages)
-        return fresh + keep_free <= self.num_available(match)
+@patch
+def num_available(self: PageManager, match: PrefixMatch | None = None) -> int:
+    "Pages a new allocation could get now: free ones, and idle cached ones except those the match reuses."
+    reused = match.pages if match else []
+    idle_reused = sum(1 for p in reused if self.prefix_cache.is_idle(p)) if self.prefix_cache else 0
+    return self.num_free_pages + self.num_cached_pages - idle_reused
 
-    def allocate(self, num_tokens: int, match: PrefixMatch, count_use: bool = True) -> list[int]:
-        """A page table for num_tokens: the matched device pages (their reuse counted now, unless count_use is False), then
-        fresh ones, the first of which take the matched host blocks back. If copying them back fails, nothing changed and
-        the error is raised."""
-        assert self.can_allocate(num_tokens, match), "allocate() without can_allocate()"
-        cache = self.prefix_cache
-        for p in match.pages:
-            if cache.is_idle(p): cache.mark_busy(p)  # reused: out of the LRU before anything is evicted
-        self.pool.retain(match.pages)
-        try:
-            fresh = self.take(pages_needed(num_tokens, self.page_size) - len(match.pages), keep=frozenset(match.host_blocks))
-            if match.host_blocks: self._copy_back(match.host_blocks, fresh)
-        except Exception:
-            self.release(match.pages)
-            raise
-        if cache is not None and count_use: cache.count_use(match, self.page_size)
-        return list(match.pages) + fresh
 
-    def _copy_back(self, host_blocks: tuple[bytes, ...], fresh: list[int]):
-        "Copy matched host blocks into the first fresh pages, then move the blocks there (host pages freed)."
-        targets = fresh[:len(host_blocks)]
-        try:
-            self.copier.to_device([self.prefix_cache.host_page(h) for h in host_blocks], targets)
-        except Exception:
-            self.pool.free(self.pool.release(fresh))
-            raise
-        for h, page in zip(host_blocks, targets): self._free_host([self.prefix_cache.restore(h, page)])
+@patch
+def can_allocate(self: PageManager, num_tokens: int, match: PrefixMatch, keep_free: int = 0) -> bool:
+    "Whether a page table for num_tokens (reusing match) fits right now, leaving keep_free pages available."
+    fresh = pages_needed(num_tokens, self.page_size) - len(match.pages)
+    return fresh + keep_free <= self.num_available(match)
 
-    def take(self, n: int, keep: frozenset[bytes] = frozenset()) -> list[int]:
-        "n fresh pages, each with one holder: free ones first, then evicted idle cached ones (host blocks in keep stay)."
-        if n > self.num_free_pages: self.pool.free(self._evict(n - self.num_free_pages, keep))
-        return self.pool.allocate(n)
 
-    def _evict(self, n: int, keep: frozenset[bytes]) -> list[int]:
-        "Free n idle cached device pages, leaves first; with a host tier, their blocks move there while room lasts."
-        cache = self.prefix_cache
-        if self.host_pool is None: return cache.evict(n)
-        freed, moved = [], []
-        for _ in range(n):
-            h, page, since = cache.pop_device_leaf()
-            host = self._host_room(1, keep)
-            if host:
-                cache.settle_on_host(h, host[0], since)
-                moved.append((h, page, host[0]))
-            else: self._forget(h)
-            freed.append(page)
-        moved = [m for m in moved if cache.on_host(m[0], m[2])]  # making room for a later one may have dropped it
-        if moved: self._copy_out(moved)
-        return freed
+@patch
+def allocate(self: PageManager, num_tokens: int, match: PrefixMatch, count_use: bool = True) -> list[int]:
+    """A page table for num_tokens: the matched device pages (their reuse counted now, unless count_use is False), then
+    fresh ones, the first of which take the matched host blocks back. If copying them back fails, nothing changed and
+    the error is raised."""
+    assert self.can_allocate(num_tokens, match), "allocate() without can_allocate()"
+    cache = self.prefix_cache
+    for p in match.pages:
+        if cache.is_idle(p): cache.mark_busy(p)  # reused: out of the LRU before anything is evicted
+    self.pool.retain(match.pages)
+    try:
+        fresh = self.take(pages_needed(num_tokens, self.page_size) - len(match.pages), keep=frozenset(match.host_blocks))
+        if match.host_blocks: self._copy_back(match.host_blocks, fresh)
+    except Exception:
+        self.release(match.pages)
+        raise
+    if cache is not None and count_use: cache.count_use(match, self.page_size)
+    return list(match.pages) + fresh
 
-    def _copy_out(self, moved: list[tuple[bytes, int, int]]):
-        "Copy evicted blocks' device pages to their host pages; a failed copy only loses those blocks (logged)."
-        try:
-            self.copier.to_host([page for _, page, _ in moved], [host for _, _, host in moved])
-        except Exception:
-            _log.warning("copying %d evicted pages to the host tier failed; they are dropped", len(moved), exc_info=True)
-            for h, _, host in moved:  # leaves were taken first, so a child goes before its parent
-                if self.prefix_cache.on_host(h, host): self._forget(h)
+# %% ../../nbs/09_prefix_cache.ipynb #304a94c5
+@patch
+def _copy_back(self: PageManager, host_blocks: tuple[bytes, ...], fresh: list[int]):
+    "Copy matched host blocks into the first fresh pages, then move the blocks there (host pages freed)."
+    targets = fresh[:len(host_blocks)]
+    try:
+        self.copier.to_device([self.prefix_cache.host_page(h) for h in host_blocks], targets)
+    except Exception:
+        self.pool.free(self.pool.release(fresh))
+        raise
+    for h, page in zip(host_blocks, targets): self._free_host([self.prefix_cache.restore(h, page)])
 
-    def _forget(self, h: bytes):
-        "Drop a block taken off the device, or on the host, with the host blocks after it; free the host pages."
-        host_pages = self.prefix_cache.forget(h)
-        if host_pages: self._free_host(host_pages)
 
-    def _host_room(self, n: int, keep: frozenset[bytes] = frozenset()) -> list[int] | None:
-        "n host pages (each with one holder), dropping host cached blocks (leaves first) if need be; None if they don't fit."
-        pool = self.host_pool
-        if pool is None or n > pool.num_free_pages + self.num_host_cached_pages - len(keep): return None
-        while pool.num_free_pages < n:
-            page = self.prefix_cache.pop_host_leaf(keep)
-            if page is None: return None
-            self._free_host([page])
-        return pool.allocate(n)
+@patch
+def take(self: PageManager, n: int, keep: frozenset[bytes] = frozenset()) -> list[int]:
+    "n fresh pages, each with one holder: free ones first, then evicted idle cached ones (host blocks in keep stay)."
+    if n > self.num_free_pages: self.pool.free(self._evict(n - self.num_free_pages, keep))
+    return self.pool.allocate(n)
 
-    def _free_host(self, host_pages: list[int]):
-        self.host_pool.free(self.host_pool.release(host_pages))
+# %% ../../nbs/09_prefix_cache.ipynb #b46bafed
+@patch
+def _evict(self: PageManager, n: int, keep: frozenset[bytes]) -> list[int]:
+    "Free n idle cached device pages, leaves first; with a host tier, their blocks move there while room lasts."
+    cache = self.prefix_cache
+    if self.host_pool is None: return cache.evict(n)
+    freed, moved = [], []
+    for _ in range(n):
+        h, page, since = cache.pop_device_leaf()
+        host = self._host_room(1, keep)
+        if host:
+            cache.settle_on_host(h, host[0], since)
+            moved.append((h, page, host[0]))
+        else: self._forget(h)
+        freed.append(page)
+    moved = [m for m in moved if cache.on_host(m[0], m[2])]  # making room for a later one may have dropped it
+    if moved: self._copy_out(moved)
+    return freed
 
-    def swap_out(self, device_pages: list[int]) -> list[int] | None:
-        "Copy a preempted sequence's pages to new host pages; None (nothing held) when the host tier has no room or the copy fails."
-        host_pages = self._host_room(len(device_pages))
-        if host_pages is None: return None
-        try:
-            self.copier.to_host(device_pages, host_pages)
-        except Exception:
-            _log.warning("swapping %d pages out failed; the sequence will be recomputed", len(device_pages), exc_info=True)
-            self._free_host(host_pages)
-            return None
-        self.num_swapped_pages += len(host_pages)
-        return host_pages
 
-    def swap_in(self, host_pages: list[int]) -> list[int]:
-        "Fresh device pages with a swapped sequence's content; its host pages are freed. A failed copy raises, nothing held."
-        pages = self.take(len(host_pages))
-        try:
-            self.copier.to_device(host_pages, pages)
-        except Exception:
-            self.pool.free(self.pool.release(pages))
-            raise
-        self.drop_swapped(host_pages)
-        return pages
+@patch
+def _copy_out(self: PageManager, moved: list[tuple[bytes, int, int]]):
+    "Copy evicted blocks' device pages to their host pages; a failed copy only loses those blocks (logged)."
+    try:
+        self.copier.to_host([page for _, page, _ in moved], [host for _, _, host in moved])
+    except Exception:
+        _log.warning("copying %d evicted pages to the host tier failed; they are dropped", len(moved), exc_info=True)
+        for h, _, host in moved:  # leaves were taken first, so a child goes before its parent
+            if self.prefix_cache.on_host(h, host): self._forget(h)
 
-    def drop_swapped(self, host_pages: list[int]):
-        "A swapped sequence's host pages are no longer needed (it resumed, or it ended while preempted)."
+
+@patch
+def _forget(self: PageManager, h: bytes):
+    "Drop a block taken off the device, or on the host, with the host blocks after it; free the host pages."
+    host_pages = self.prefix_cache.forget(h)
+    if host_pages: self._free_host(host_pages)
+
+
+@patch
+def _host_room(self: PageManager, n: int, keep: frozenset[bytes] = frozenset()) -> list[int] | None:
+    "n host pages (each with one holder), dropping host cached blocks (leaves first) if need be; None if they don't fit."
+    pool = self.host_pool
+    if pool is None or n > pool.num_free_pages + self.num_host_cached_pages - len(keep): return None
+    while pool.num_free_pages < n:
+        page = self.prefix_cache.pop_host_leaf(keep)
+        if page is None: return None
+        self._free_host([page])
+    return pool.allocate(n)
+
+
+@patch
+def _free_host(self: PageManager, host_pages: list[int]):
+    self.host_pool.free(self.host_pool.release(host_pages))
+
+# %% ../../nbs/09_prefix_cache.ipynb #653d0cea
+@patch
+def swap_out(self: PageManager, device_pages: list[int]) -> list[int] | None:
+    "Copy a preempted sequence's pages to new host pages; None (nothing held) when the host tier has no room or the copy fails."
+    host_pages = self._host_room(len(device_pages))
+    if host_pages is None: return None
+    try:
+        self.copier.to_host(device_pages, host_pages)
+    except Exception:
+        _log.warning("swapping %d pages out failed; the sequence will be recomputed", len(device_pages), exc_info=True)
         self._free_host(host_pages)
-        self.num_swapped_pages -= len(host_pages)
+        return None
+    self.num_swapped_pages += len(host_pages)
+    return host_pages
 
-    def register(self, block_hashes: list[bytes], page_table: list[int]):
-        """Offer a request's full, computed prompt blocks to the prefix cache. It stops at a block already cached in
-        another page (another request computed the same prompt at the same time): what follows is that one's to cache."""
-        if self.prefix_cache is None: return
-        for parent, h, page in zip([ROOT_HASH] + block_hashes, block_hashes, page_table):
-            if not (self.prefix_cache.insert(h, page, parent) or self.prefix_cache.holds(h, page)): return
 
-    def release(self, page_table: list[int], now: float | None = None):
-        "Drop a request's hold on its pages."
-        now = time.monotonic() if now is None else now
-        for page in self.pool.release(page_table[::-1]):
-            if self.prefix_cache is not None and self.prefix_cache.is_cached(page):
-                self.prefix_cache.mark_idle(page, now)
-            else:
-                self.pool.free([page])
+@patch
+def swap_in(self: PageManager, host_pages: list[int]) -> list[int]:
+    "Fresh device pages with a swapped sequence's content; its host pages are freed. A failed copy raises, nothing held."
+    pages = self.take(len(host_pages))
+    try:
+        self.copier.to_device(host_pages, pages)
+    except Exception:
+        self.pool.free(self.pool.release(pages))
+        raise
+    self.drop_swapped(host_pages)
+    return pages
 
-    def expire(self, now: float | None = None):
-        "Free cached pages, on both tiers, whose TTL ran out."
-        if self.prefix_cache is None: return
-        device, host = self.prefix_cache.expire(time.monotonic() if now is None else now)
-        self.pool.free(device)
-        if host: self._free_host(host)
 
-    def check_invariants(self):
-        "On each tier, free + used + cached == total, with no negative or inconsistent refcounts; the cache's chains hold."
-        refs = [self.pool.refcount(p) for p in range(self.num_pages)]
-        assert all(r >= 0 for r in refs)
-        assert sum(r > 0 for r in refs) == self.num_used_pages
-        assert self.num_free_pages + self.num_used_pages + self.num_cached_pages == self.num_pages
-        if self.host_pool is not None:
-            held = sum(self.host_pool.refcount(p) > 0 for p in range(self.num_host_pages))
-            assert held == self.num_swapped_pages + self.num_host_cached_pages
-            assert self.num_host_free_pages + held == self.num_host_pages
-        if self.prefix_cache is not None: self.prefix_cache.check()
+@patch
+def drop_swapped(self: PageManager, host_pages: list[int]):
+    "A swapped sequence's host pages are no longer needed (it resumed, or it ended while preempted)."
+    self._free_host(host_pages)
+    self.num_swapped_pages -= len(host_pages)
+
+# %% ../../nbs/09_prefix_cache.ipynb #fb8c5291
+@patch
+def register(self: PageManager, block_hashes: list[bytes], page_table: list[int]):
+    """Offer a request's full, computed prompt blocks to the prefix cache. It stops at a block already cached in
+    another page (another request computed the same prompt at the same time): what follows is that one's to cache."""
+    if self.prefix_cache is None: return
+    for parent, h, page in zip([ROOT_HASH] + block_hashes, block_hashes, page_table):
+        if not (self.prefix_cache.insert(h, page, parent) or self.prefix_cache.holds(h, page)): return
+
+
+@patch
+def release(self: PageManager, page_table: list[int], now: float | None = None):
+    "Drop a request's hold on its pages."
+    now = time.monotonic() if now is None else now
+    for page in self.pool.release(page_table[::-1]):
+        if self.prefix_cache is not None and self.prefix_cache.is_cached(page):
+            self.prefix_cache.mark_idle(page, now)
+        else:
+            self.pool.free([page])
+
+
+@patch
+def expire(self: PageManager, now: float | None = None):
+    "Free cached pages, on both tiers, whose TTL ran out."
+    if self.prefix_cache is None: return
+    device, host = self.prefix_cache.expire(time.monotonic() if now is None else now)
+    self.pool.free(device)
+    if host: self._free_host(host)
+
+
+@patch
+def check_invariants(self: PageManager):
+    "On each tier, free + used + cached == total, with no negative or inconsistent refcounts; the cache's chains hold."
+    refs = [self.pool.refcount(p) for p in range(self.num_pages)]
+    assert all(r >= 0 for r in refs)
+    assert sum(r > 0 for r in refs) == self.num_used_pages
+    assert self.num_free_pages + self.num_used_pages + self.num_cached_pages == self.num_pages
+    if self.host_pool is not None:
+        held = sum(self.host_pool.refcount(p) > 0 for p in range(self.num_host_pages))
+        assert held == self.num_swapped_pages + self.num_host_cached_pages
+        assert self.num_host_free_pages + held == self.num_host_pages
+    if self.prefix_cache is not None: self.prefix_cache.check()

@@ -7,13 +7,14 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['COPY_CHUNK_PAGES', 'pinned_zeros', 'HostKVPool', 'KVPageCopier', 'num_host_pages_for_budget', 'describe_host_budget']
 
-# %% ../../nbs/09_prefix_cache.ipynb #b8962b90
+# %% ../../nbs/09_prefix_cache.ipynb #c8f9f688
 import logging
 import time
 import weakref
 from contextlib import contextmanager
 
 import torch
+from fastcore.basics import patch
 
 from ..config import ModelConfig
 from .pool import KVPool, page_bytes
@@ -37,7 +38,7 @@ def pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
     return t
 
-
+# %% ../../nbs/09_prefix_cache.ipynb #ee164520
 class HostKVPool:
     """K and V pages in host memory, page-major and laid out as the device pool: [num_pages, L, page_size, H, D]
     tensors (v None when the values live in the keys), so one page is one contiguous block (pinned next to a GPU,
@@ -52,7 +53,7 @@ class HostKVPool:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.k,) if self.v is None else (self.k, self.v)
 
-
+# %% ../../nbs/09_prefix_cache.ipynb #b75929b6
 class KVPageCopier:
     """Copies whole pages between the device pool and the host pool, counting bytes and seconds. On CUDA the copies
     run on a stream of their own, which the forward's stream waits for before it touches the pool again."""
@@ -96,27 +97,33 @@ class KVPageCopier:
                         pool.index_copy_(1, dst, pages.transpose(0, 1))
         self._count(started, to_device=len(device_pages))
 
-    @contextmanager
-    def _on_copy_stream(self):
-        """Run on the copy stream after everything the forward queued (it may still be writing these pages); the
-        forward's stream then waits for the copies, even when one raised halfway (its pages are reused at once)."""
-        main = torch.cuda.current_stream(self.stream.device)
-        self.stream.wait_stream(main)
-        try:
-            with torch.cuda.stream(self.stream): yield
-        finally:
-            main.wait_stream(self.stream)
-
-    def _pairs(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        "(device pool, host pool) for K, then V (when the layout keeps V apart)."
-        return tuple(zip(self.device_kv.tensors(), self.host_kv.tensors()))
-
-    def _count(self, started: float, to_host: int = 0, to_device: int = 0):
-        self.bytes_to_host += to_host * self.page_bytes
-        self.bytes_to_device += to_device * self.page_bytes
-        self.seconds += time.perf_counter() - started
+# %% ../../nbs/09_prefix_cache.ipynb #1a527e14
+@patch
+@contextmanager
+def _on_copy_stream(self: KVPageCopier):
+    """Run on the copy stream after everything the forward queued (it may still be writing these pages); the
+    forward's stream then waits for the copies, even when one raised halfway (its pages are reused at once)."""
+    main = torch.cuda.current_stream(self.stream.device)
+    self.stream.wait_stream(main)
+    try:
+        with torch.cuda.stream(self.stream): yield
+    finally:
+        main.wait_stream(self.stream)
 
 
+@patch
+def _pairs(self: KVPageCopier) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    "(device pool, host pool) for K, then V (when the layout keeps V apart)."
+    return tuple(zip(self.device_kv.tensors(), self.host_kv.tensors()))
+
+
+@patch
+def _count(self: KVPageCopier, started: float, to_host: int = 0, to_device: int = 0):
+    self.bytes_to_host += to_host * self.page_bytes
+    self.bytes_to_device += to_device * self.page_bytes
+    self.seconds += time.perf_counter() - started
+
+# %% ../../nbs/09_prefix_cache.ipynb #c5f3242a
 def num_host_pages_for_budget(cfg: ModelConfig, budget_bytes: int, page_size: int, dtype: torch.dtype) -> int:
     "How many pages a host budget holds (0 turns the tier off)."
     return budget_bytes // page_bytes(cfg, page_size, dtype)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ROOT_HASH', 'HASH_PREFIX_CHARS', 'DEVICE_TIER', 'HOST_TIER', 'hash_block', 'prompt_block_hashes', 'PrefixMatch',
@@ -37,7 +38,7 @@ def prompt_block_hashes(token_ids: list[int], page_size: int) -> list[bytes]:
         hashes.append(parent)
     return hashes
 
-# %% ../../nbs/09_prefix_cache.ipynb #5460fb7c
+# %% ../../nbs/09_prefix_cache.ipynb #df664d4f
 HASH_PREFIX_CHARS = 16  # hex digits of a digest a report shows: 64 bits, unique enough to tell blocks apart
 DEVICE_TIER = "device"  # the pool on the model's device, where attention reads pages
 HOST_TIER = "host"      # host memory: blocks evicted from the device wait here until a lookup takes them back
@@ -74,7 +75,7 @@ class _Block:
     children: int = 0         # cached blocks that follow it, on either tier
     device_children: int = 0  # ... of which on the device
 
-
+# %% ../../nbs/09_prefix_cache.ipynb #e7cb9c66
 class PrefixCache:
     """Block hash -> page on a tier (with its place in the chain and its hits), the LRU of idle device pages, and the
     LRU of host pages. A block leaves a tier only after every child has left it: leaves go first, on both tiers."""
@@ -120,130 +121,164 @@ class PrefixCache:
         self.host_hit_tokens += len(match.host_blocks) * page_size
         for h in [self._hash_of[p] for p in match.pages] + list(match.host_blocks): self._blocks[h].hits += 1
 
-    def insert(self, h: bytes, page: int, parent: bytes = ROOT_HASH) -> bool:
-        "Cache device `page` as the block `h` that follows `parent`; False if that block (or that page) is cached already."
-        if h in self._blocks or page in self._hash_of: return False
-        assert parent == ROOT_HASH or self._blocks[parent].tier == DEVICE_TIER, "a block is offered after its parent"
-        depth = 1 if parent == ROOT_HASH else self._blocks[parent].depth + 1
-        self._blocks[h], self._hash_of[page] = _Block(page, parent, depth), h
-        self._adjust(parent, children=+1, device_children=+1)
-        return True
+# %% ../../nbs/09_prefix_cache.ipynb #dcc066c5
+@patch
+def insert(self: PrefixCache, h: bytes, page: int, parent: bytes = ROOT_HASH) -> bool:
+    "Cache device `page` as the block `h` that follows `parent`; False if that block (or that page) is cached already."
+    if h in self._blocks or page in self._hash_of: return False
+    assert parent == ROOT_HASH or self._blocks[parent].tier == DEVICE_TIER, "a block is offered after its parent"
+    depth = 1 if parent == ROOT_HASH else self._blocks[parent].depth + 1
+    self._blocks[h], self._hash_of[page] = _Block(page, parent, depth), h
+    self._adjust(parent, children=+1, device_children=+1)
+    return True
 
-    def holds(self, h: bytes, page: int) -> bool:
-        "Whether block h is cached in exactly this device page."
-        block = self._blocks.get(h)
-        return block is not None and block.tier == DEVICE_TIER and block.page == page
 
-    def mark_busy(self, page: int):
-        "A request took the page again: it is no longer evictable."
-        self._idle.pop(page, None)
+@patch
+def holds(self: PrefixCache, h: bytes, page: int) -> bool:
+    "Whether block h is cached in exactly this device page."
+    block = self._blocks.get(h)
+    return block is not None and block.tier == DEVICE_TIER and block.page == page
 
-    def mark_idle(self, page: int, now: float):
-        "The last holder let go: the page may be evicted from now on."
-        self._idle[page] = now
-        self._idle.move_to_end(page)
 
-    def evict(self, n: int) -> list[int]:
-        "Forget the n least recently used idle device leaves (a leaf first, then its parent) and return their pages."
-        assert not self._host, "with blocks on the host, eviction goes through the page manager"
-        return [self._drop(self.pop_device_leaf()[0]) for _ in range(min(n, len(self._idle)))]
+@patch
+def mark_busy(self: PrefixCache, page: int):
+    "A request took the page again: it is no longer evictable."
+    self._idle.pop(page, None)
 
-    def pop_device_leaf(self) -> tuple[bytes, int, float]:
-        "Take the least recently used idle device block with no child on the device off the device: (hash, page, idle since)."
-        page = next(p for p in self._idle if self._blocks[self._hash_of[p]].device_children == 0)
-        h, since = self._hash_of.pop(page), self._idle.pop(page)
-        self._adjust(self._blocks[h].parent, device_children=-1)
-        self._blocks[h].tier = None  # between tiers until settle_on_host or _drop
-        return h, page, since
 
-    def settle_on_host(self, h: bytes, host_page: int, since: float):
-        "A block taken off the device now lives in host_page, idle since `since`."
-        block = self._blocks[h]
-        block.tier, block.page = HOST_TIER, host_page
-        self._host_hash_of[host_page], self._host[host_page] = h, since
+@patch
+def mark_idle(self: PrefixCache, page: int, now: float):
+    "The last holder let go: the page may be evicted from now on."
+    self._idle[page] = now
+    self._idle.move_to_end(page)
 
-    def pop_host_leaf(self, keep: frozenset[bytes] = frozenset()) -> int | None:
-        "Forget the least recently used host block without children (none in keep); its host page, or None."
-        page = next((p for p in self._host if self._blocks[self._host_hash_of[p]].children == 0
-                     and self._host_hash_of[p] not in keep), None)
-        if page is not None: self._drop(self._host_hash_of[page])
-        return page
 
-    def restore(self, h: bytes, device_page: int) -> int:
-        "A host block moves back into device_page, held by the request that matched it; returns its old host page."
-        block = self._blocks[h]
-        host_page = block.page
-        del self._host_hash_of[host_page], self._host[host_page]
-        block.tier, block.page = DEVICE_TIER, device_page
-        self._hash_of[device_page] = h
-        self._adjust(block.parent, device_children=+1)
-        return host_page
+@patch
+def evict(self: PrefixCache, n: int) -> list[int]:
+    "Forget the n least recently used idle device leaves (a leaf first, then its parent) and return their pages."
+    assert not self._host, "with blocks on the host, eviction goes through the page manager"
+    return [self._drop(self.pop_device_leaf()[0]) for _ in range(min(n, len(self._idle)))]
 
-    def forget(self, h: bytes) -> list[int]:
-        """Drop a block that is on the host or was just taken off the device, with every block after it (those are on
-        the host: a device block's parent is on the device). Returns the host pages it frees."""
-        followers = [c for c, b in self._blocks.items() if b.parent == h]
-        host_pages = [p for c in followers for p in self._forget_host_subtree(c)]
-        on_host = self._blocks[h].tier == HOST_TIER
-        page = self._drop(h)
-        return host_pages + ([page] if on_host else [])
+# %% ../../nbs/09_prefix_cache.ipynb #bc035fa8
+@patch
+def pop_device_leaf(self: PrefixCache) -> tuple[bytes, int, float]:
+    "Take the least recently used idle device block with no child on the device off the device: (hash, page, idle since)."
+    page = next(p for p in self._idle if self._blocks[self._hash_of[p]].device_children == 0)
+    h, since = self._hash_of.pop(page), self._idle.pop(page)
+    self._adjust(self._blocks[h].parent, device_children=-1)
+    self._blocks[h].tier = None  # between tiers until settle_on_host or _drop
+    return h, page, since
 
-    def on_host(self, h: bytes, host_page: int) -> bool:
-        "Whether block h is cached in exactly this host page."
-        block = self._blocks.get(h)
-        return block is not None and block.tier == HOST_TIER and block.page == host_page
 
-    def _forget_host_subtree(self, h: bytes) -> list[int]:
-        pages = [p for c, b in list(self._blocks.items()) if b.parent == h for p in self._forget_host_subtree(c)]
-        return pages + [self._drop(h)]
+@patch
+def settle_on_host(self: PrefixCache, h: bytes, host_page: int, since: float):
+    "A block taken off the device now lives in host_page, idle since `since`."
+    block = self._blocks[h]
+    block.tier, block.page = HOST_TIER, host_page
+    self._host_hash_of[host_page], self._host[host_page] = h, since
 
-    def expire(self, now: float) -> tuple[list[int], list[int]]:
-        "Forget blocks idle for longer than the TTL, on both tiers, deepest first: (device pages, host pages)."
-        old = [self._hash_of[page] for page, since in self._idle.items() if now - since > self.ttl_s]
-        old += [self._host_hash_of[page] for page, since in self._host.items() if now - since > self.ttl_s]
-        device, host = [], []
-        for h in sorted(old, key=lambda h: -self._blocks[h].depth):
-            if self._blocks[h].children: continue  # a child is still fresh: the parent stays with it
-            (device if self._blocks[h].tier == DEVICE_TIER else host).append(self._drop(h))
-        return device, host
 
-    def _adjust(self, parent: bytes, children: int = 0, device_children: int = 0):
-        if parent == ROOT_HASH: return
-        self._blocks[parent].children += children
-        self._blocks[parent].device_children += device_children
+@patch
+def pop_host_leaf(self: PrefixCache, keep: frozenset[bytes] = frozenset()) -> int | None:
+    "Forget the least recently used host block without children (none in keep); its host page, or None."
+    page = next((p for p in self._host if self._blocks[self._host_hash_of[p]].children == 0
+                 and self._host_hash_of[p] not in keep), None)
+    if page is not None: self._drop(self._host_hash_of[page])
+    return page
 
-    def _drop(self, h: bytes) -> int:
-        block = self._blocks.pop(h)
-        assert block.children == 0, "a parent is dropped before its children"
-        if block.tier == DEVICE_TIER:
-            del self._hash_of[block.page]
-            self._idle.pop(block.page, None)
-            self._adjust(block.parent, children=-1, device_children=-1)
-        else:
-            if block.tier == HOST_TIER: del self._host_hash_of[block.page], self._host[block.page]
-            self._adjust(block.parent, children=-1)
-        return block.page
 
-    def check(self):
-        "Every block's parent is cached, a device block's parent is on the device, and the child counts add up."
-        children, device_children = Counter(), Counter()
-        for h, b in self._blocks.items():
-            assert b.tier in (DEVICE_TIER, HOST_TIER), "a block is left between tiers"
-            if b.parent == ROOT_HASH: continue
-            parent = self._blocks[b.parent]
-            assert b.tier == HOST_TIER or parent.tier == DEVICE_TIER, "a device block's parent is on the host"
-            children[b.parent] += 1
-            device_children[b.parent] += b.tier == DEVICE_TIER
-        for h, b in self._blocks.items():
-            assert (b.children, b.device_children) == (children[h], device_children[h]), "child counts drifted"
-        assert set(self._idle) <= set(self._hash_of) and set(self._host) == set(self._host_hash_of)
+@patch
+def restore(self: PrefixCache, h: bytes, device_page: int) -> int:
+    "A host block moves back into device_page, held by the request that matched it; returns its old host page."
+    block = self._blocks[h]
+    host_page = block.page
+    del self._host_hash_of[host_page], self._host[host_page]
+    block.tier, block.page = DEVICE_TIER, device_page
+    self._hash_of[device_page] = h
+    self._adjust(block.parent, device_children=+1)
+    return host_page
 
-    def blocks(self, now: float, page_size: int) -> list[CachedBlock]:
-        "Every cached block on both tiers, shallowest first; a child is always listed after its parent."
-        def short(h: bytes) -> str: return h.hex()[:HASH_PREFIX_CHARS]
-        def idle_s(b: _Block) -> float | None:
-            if b.tier == HOST_TIER: return now - self._host[b.page]
-            return now - self._idle[b.page] if b.page in self._idle else None
-        return sorted((CachedBlock(short(h), None if b.parent == ROOT_HASH else short(b.parent), b.depth, page_size,
-                                   b.page, b.hits, idle_s(b), b.tier)
-                       for h, b in self._blocks.items()), key=lambda block: block.depth)
+# %% ../../nbs/09_prefix_cache.ipynb #e308b095
+@patch
+def forget(self: PrefixCache, h: bytes) -> list[int]:
+    """Drop a block that is on the host or was just taken off the device, with every block after it (those are on
+    the host: a device block's parent is on the device). Returns the host pages it frees."""
+    followers = [c for c, b in self._blocks.items() if b.parent == h]
+    host_pages = [p for c in followers for p in self._forget_host_subtree(c)]
+    on_host = self._blocks[h].tier == HOST_TIER
+    page = self._drop(h)
+    return host_pages + ([page] if on_host else [])
+
+
+@patch
+def on_host(self: PrefixCache, h: bytes, host_page: int) -> bool:
+    "Whether block h is cached in exactly this host page."
+    block = self._blocks.get(h)
+    return block is not None and block.tier == HOST_TIER and block.page == host_page
+
+
+@patch
+def _forget_host_subtree(self: PrefixCache, h: bytes) -> list[int]:
+    pages = [p for c, b in list(self._blocks.items()) if b.parent == h for p in self._forget_host_subtree(c)]
+    return pages + [self._drop(h)]
+
+# %% ../../nbs/09_prefix_cache.ipynb #4100f989
+@patch
+def expire(self: PrefixCache, now: float) -> tuple[list[int], list[int]]:
+    "Forget blocks idle for longer than the TTL, on both tiers, deepest first: (device pages, host pages)."
+    old = [self._hash_of[page] for page, since in self._idle.items() if now - since > self.ttl_s]
+    old += [self._host_hash_of[page] for page, since in self._host.items() if now - since > self.ttl_s]
+    device, host = [], []
+    for h in sorted(old, key=lambda h: -self._blocks[h].depth):
+        if self._blocks[h].children: continue  # a child is still fresh: the parent stays with it
+        (device if self._blocks[h].tier == DEVICE_TIER else host).append(self._drop(h))
+    return device, host
+
+
+@patch
+def _adjust(self: PrefixCache, parent: bytes, children: int = 0, device_children: int = 0):
+    if parent == ROOT_HASH: return
+    self._blocks[parent].children += children
+    self._blocks[parent].device_children += device_children
+
+
+@patch
+def _drop(self: PrefixCache, h: bytes) -> int:
+    block = self._blocks.pop(h)
+    assert block.children == 0, "a parent is dropped before its children"
+    if block.tier == DEVICE_TIER:
+        del self._hash_of[block.page]
+        self._idle.pop(block.page, None)
+        self._adjust(block.parent, children=-1, device_children=-1)
+    else:
+        if block.tier == HOST_TIER: del self._host_hash_of[block.page], self._host[block.page]
+        self._adjust(block.parent, children=-1)
+    return block.page
+
+# %% ../../nbs/09_prefix_cache.ipynb #84a6e611
+@patch
+def check(self: PrefixCache):
+    "Every block's parent is cached, a device block's parent is on the device, and the child counts add up."
+    children, device_children = Counter(), Counter()
+    for h, b in self._blocks.items():
+        assert b.tier in (DEVICE_TIER, HOST_TIER), "a block is left between tiers"
+        if b.parent == ROOT_HASH: continue
+        parent = self._blocks[b.parent]
+        assert b.tier == HOST_TIER or parent.tier == DEVICE_TIER, "a device block's parent is on the host"
+        children[b.parent] += 1
+        device_children[b.parent] += b.tier == DEVICE_TIER
+    for h, b in self._blocks.items():
+        assert (b.children, b.device_children) == (children[h], device_children[h]), "child counts drifted"
+    assert set(self._idle) <= set(self._hash_of) and set(self._host) == set(self._host_hash_of)
+
+
+@patch
+def blocks(self: PrefixCache, now: float, page_size: int) -> list[CachedBlock]:
+    "Every cached block on both tiers, shallowest first; a child is always listed after its parent."
+    def short(h: bytes) -> str: return h.hex()[:HASH_PREFIX_CHARS]
+    def idle_s(b: _Block) -> float | None:
+        if b.tier == HOST_TIER: return now - self._host[b.page]
+        return now - self._idle[b.page] if b.page in self._idle else None
+    return sorted((CachedBlock(short(h), None if b.parent == ROOT_HASH else short(b.parent), b.depth, page_size,
+                               b.page, b.hits, idle_s(b), b.tier)
+                   for h, b in self._blocks.items()), key=lambda block: block.depth)

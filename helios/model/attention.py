@@ -7,8 +7,9 @@ Docs: https://helios-engine.github.io/helios/attention.html.md"""
 # %% ../../nbs/02_attention.ipynb #a52e632d
 from __future__ import annotations
 
+import inspect
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +19,8 @@ from ..config import ModelConfig, RopeScaling, YarnScaling
 from .layers import RMSNorm
 
 # %% auto #0
-__all__ = ['rope_inv_freq', 'rope_attention_factor', 'rope_cos_sin', 'apply_rope', 'causal_mask', 'sdpa_attention', 'Attention',
-           'SequenceContext']
+__all__ = ['rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'rope_attention_factor', 'causal_mask', 'sdpa_attention', 'Attention',
+           'SequenceContext', 'KVStore', 'signature_mismatches']
 
 # %% ../../nbs/02_attention.ipynb #5631b121
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | YarnScaling | None = None) -> torch.Tensor:
@@ -28,7 +29,20 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | YarnScalin
     if isinstance(scaling, YarnScaling): return _yarn_scale(inv_freq, scaling, head_dim, theta)
     return inv_freq if scaling is None else _llama3_scale(inv_freq, scaling)
 
+# %% ../../nbs/02_attention.ipynb #21f89228
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    "cos and sin of each position's angles, times factor: positions [B, T] -> two [B, T, 1, D/2] (float32)."
+    angles = positions[..., None].float() * inv_freq  # [B, T, D/2]
+    if factor == 1.0: return angles.cos()[..., None, :], angles.sin()[..., None, :]
+    return (angles.cos() * factor)[..., None, :], (angles.sin() * factor)[..., None, :]
 
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    "Rotate channel pairs (j, j + D/2) of x: [B, T, H, D] by the angles in cos/sin: [B, T, 1, D/2]."
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+# %% ../../nbs/02_attention.ipynb #94a44dfe
 def rope_attention_factor(scaling: RopeScaling | YarnScaling | None) -> float:
     "What cos and sin are multiplied by: YaRN's magnitude correction, else 1."
     return scaling.cos_sin_factor if isinstance(scaling, YarnScaling) else 1.0
@@ -55,19 +69,6 @@ def _yarn_scale(inv_freq: torch.Tensor, s: YarnScaling, head_dim: int, theta: fl
     span = high - low if high != low else 1e-3  # (a range given backwards stays backwards, as YaRN defines it)
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / span).clamp(0, 1)
     return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)  # ramp 0: keep (extrapolate), 1: interpolate
-
-# %% ../../nbs/02_attention.ipynb #21f89228
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    "cos and sin of each position's angles, times factor: positions [B, T] -> two [B, T, 1, D/2] (float32)."
-    angles = positions[..., None].float() * inv_freq  # [B, T, D/2]
-    if factor == 1.0: return angles.cos()[..., None, :], angles.sin()[..., None, :]
-    return (angles.cos() * factor)[..., None, :], (angles.sin() * factor)[..., None, :]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "Rotate channel pairs (j, j + D/2) of x: [B, T, H, D] by the angles in cos/sin: [B, T, 1, D/2]."
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 # %% ../../nbs/02_attention.ipynb #9e6ebf64
 def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
@@ -125,7 +126,7 @@ class Attention(nn.Module):
         return (q.view(B, T, self.num_heads, self.head_dim), k.view(B, T, self.num_kv_heads, self.head_dim),
                 v.view(B, T, self.num_kv_heads, self.head_dim))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVStore | None = None) -> torch.Tensor:
         B, T, _ = x.shape                                               # x: [B, T, hidden]
         q, k, v = self.project_qkv(x)                                   # [B, T, Hq | Hkv, D]
         if self.qk_norm:
@@ -142,3 +143,31 @@ class SequenceContext(NamedTuple):
     length: int          # new tokens in this forward (the last `length` of the context)
     keys: torch.Tensor   # [context, Hkv, Dk] every key the sequence has, its new ones included
     values: torch.Tensor # [context, Hkv, Dv] (with values kept inside the keys: a view of their first Dv channels)
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    "What the model calls to keep and read keys and values; B sequences of T new tokens each (a packed tick: B = 1)."
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        "Store k: [B, T, Hkv, Dk], v: [B, T, Hkv, Dv] (None: in the keys), attend q: [B, T, Hq, Dk] -> [B, T, Hq, Dv]."
+
+    def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        "Only write the new k: [B, T, Hkv, Dk] and v: [B, T, Hkv, Dv] (None: the values live in the keys)."
+
+    def attend_stored(self, layer_idx: int, q: torch.Tensor, seqs: list[int], scale: float | None = None) -> torch.Tensor:
+        "The listed sequences' queries q: [len(seqs), T, Hq, Dk] (packed: [1, M, Hq, Dk]) over what is stored."
+
+    def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
+        "(new tokens, context after them) of each sequence of this forward of num_tokens tokens per row."
+
+    def contexts(self, layer_idx: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                 seqs: list[int] | None = None) -> list[SequenceContext]:
+        "Store k/v like attend (unless k is None: stored already), then each listed sequence's whole context."
+
+
+def signature_mismatches(cls: type, protocol: type) -> list[str]:
+    "The protocol's methods that cls lacks or whose parameters it names otherwise (isinstance checks names only)."
+    members = [n for n, f in vars(protocol).items() if inspect.isfunction(f) and not n.startswith("_")]
+    return [n for n in members if not inspect.isfunction(getattr(cls, n, None))
+            or list(inspect.signature(getattr(cls, n)).parameters) != list(inspect.signature(getattr(protocol, n)).parameters)]

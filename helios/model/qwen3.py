@@ -7,23 +7,23 @@ Docs: https://helios-engine.github.io/helios/model.html.md"""
 # %% ../../nbs/03_model.ipynb #b811d22e
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .attention import Attention, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from .attention import Attention, KVStore, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from .layers import LMHead, RMSNorm, SwiGLUMLP
 
 # %% auto #0
-__all__ = ['LayerFactory', 'STACKED_PROJECTIONS', 'DecoderLayer', 'call_layer', 'DecoderStack', 'CausalLM', 'stack_projections',
-           'model_from_state_dict']
+__all__ = ['LayerFactory', 'STACKED_PROJECTIONS', 'DecoderLayer', 'call_layer', 'FusedWeights', 'DecoderStack', 'CausalLM',
+           'stack_projections', 'model_from_state_dict']
 
 # %% ../../nbs/03_model.ipynb #18c4d054
 class DecoderLayer(nn.Module):
     """Pre-norm attention block and pre-norm MLP block, each with a residual. The attention and the MLP are
-    chapter 02's and 01's unless given (experts in chapter 03a, latent attention in 03b)."""
+    chapter 02's and 01's unless given (another family's parts)."""
     def __init__(self, cfg: ModelConfig, layer_idx: int, attention: nn.Module | None = None, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -31,21 +31,42 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp if mlp is not None else SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVStore | None = None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         "x: [B, T, hidden] -> [B, T, hidden], or [B, N, hidden] at the token indices `rows` [N] of T."
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)  # every token: its K/V go to kv
         if rows is not None: x = x[:, rows]                             # only these tokens go on
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def fused_weights(self) -> FusedWeights | None:
+        "The norms and four fused projections of the plain dense layer; None where a part is another kind."
+        attn, mlp = self.self_attn, self.mlp
+        if not (isinstance(attn, Attention) and isinstance(mlp, SwiGLUMLP)): return None
+        norms = (attn.q_norm, attn.k_norm) if attn.qk_norm else (None, None)
+        return FusedWeights(self.input_layernorm, attn.qkv_proj, *norms, attn.o_proj, self.post_attention_layernorm,
+                            mlp.gate_up_proj, mlp.down_proj, attn.layer_idx)
+
 
 LayerFactory = Callable[[ModelConfig, int], DecoderLayer]  # (config, layer index) -> that layer
 
 
-def call_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None,
+def call_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVStore | None = None,
                rows: torch.Tensor | None = None) -> torch.Tensor:
     "The default layer runner: the layer's own PyTorch forward."
     return layer(x, cos, sin, kv, rows)
+
+# %% ../../nbs/03_model.ipynb #0b577c8b
+class FusedWeights(NamedTuple):
+    "A plain dense layer's weights as `DecoderLayer.fused_weights` gives them, for a backend that runs it whole."
+    input_layernorm: RMSNorm           # [hidden]
+    qkv_proj: nn.Module                # hidden -> q_size + 2 kv_size, rows [q | k | v] (nn.Linear or a packed one)
+    q_norm: RMSNorm | None             # [head_dim], QK-norm; None where the family has none
+    k_norm: RMSNorm | None             # [head_dim]
+    o_proj: nn.Module                  # q_size -> hidden
+    post_attention_layernorm: RMSNorm  # [hidden]
+    gate_up_proj: nn.Module            # hidden -> 2 intermediate, rows [gate | up]
+    down_proj: nn.Module               # intermediate -> hidden
+    layer_idx: int                     # the layer whose keys and values the attention writes
 
 # %% ../../nbs/03_model.ipynb #ad07c26e
 class DecoderStack(nn.Module):
@@ -78,7 +99,7 @@ class CausalLM(nn.Module):
         "The weights' floating-point type (the embedding table's)."
         return self.model.embed_tokens.weight.dtype
 
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,
                       rows: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         """Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden], or [B, N, hidden] at the
         indices `rows` [N] of T (the last layer computes only those). `run_layer(layer, x, cos, sin, kv, rows)`
@@ -91,7 +112,7 @@ class CausalLM(nn.Module):
             x = run_layer(layer, x, cos, sin, kv, rows if i == last else None)
         return self.model.norm(x)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,
                 logits_at: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         "Logits [B, T, vocab] for every token, or [B, N, vocab] at the indices `logits_at` [N] of T."
         return self.lm_head(self.hidden_states(input_ids, positions, kv, logits_at, run_layer)).float()
@@ -131,6 +152,5 @@ def model_from_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
     if cfg.tie_word_embeddings: model.lm_head.weight = None  # not a tensor of its own: re-tied below
     model.load_state_dict(stack_projections(_dropped_tied_head(cfg, state_dict)), strict=True, assign=True)
     if cfg.tie_word_embeddings: model.lm_head.weight = model.model.embed_tokens.weight
-    device = model.model.embed_tokens.weight.device
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(model.device)
     return model.eval()
