@@ -473,7 +473,7 @@ class _KVSettings(_BatchSettings):
 # %% ../nbs/00_config.ipynb #8f1790bf
 @dataclass(frozen=True)
 class EngineConfig(_KVSettings):
-    "The engine's settings, each defined once: the CLI flags, HELIOS_* variables, LLM's keyword arguments and the docs' table are made from them."
+    "The engine's settings; the CLI flags, HELIOS_* variables, LLM's keyword arguments and docs table come from them."
     attention: str = setting(
         AUTO, "attention over the pages: `auto` (the best that runs here: C kernels on a CPU with a C compiler, "
         "FlashAttention on CUDA, else `torch`), or a registered name (an explicit one that cannot run is an error "
