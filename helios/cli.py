@@ -16,20 +16,26 @@ from typing import TextIO
 import torch
 
 from .bench.workloads import WORKLOADS
-from .config import KV_CACHE_DTYPES, KV_RESERVATIONS, PREFILL_ORDERS, SPECULATIVE_METHODS, EngineConfig
+from .config import EngineConfig, Setting, settings
 from .distributed.launch import join_as_worker, rank_env
-from .registry import AUTO, implementation_names
 from .llm import LLM
 from .sampling import SamplingParams
 from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
 
 # %% auto #0
-__all__ = ['ENGINE_ARGS', 'build_parser', 'byte_count', 'byte_count_or_zero', 'run_generate', 'run_chat', 'main']
+__all__ = ['add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
     return os.environ.get(f"HELIOS_{name}", default)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    "--help shows the default of each flag that takes a value, unless it is None or the help states it already."
+    def _get_help_string(self, action):
+        if action.default is None or action.nargs == 0 or "(default" in (action.help or ""): return action.help
+        return super()._get_help_string(action)
 
 
 def _add_model_args(p: argparse.ArgumentParser):
@@ -41,77 +47,52 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:1, ... [HELIOS_DEVICE]")
     p.add_argument("--threads", type=int, default=_env("THREADS"), help="CPU threads for torch [HELIOS_THREADS]")
 
+# %% ../nbs/90_cli.ipynb #f39e15d3
+def _flag_type(s: Setting):
+    "argparse's type for a setting's flag: its value parsed and checked as EngineConfig checks it."
+    def parse(raw: str):
+        try:
+            value = s.parse(raw, s.cli_flags[0])
+            s.check(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    return parse
 
-def _add_engine_args(p: argparse.ArgumentParser):
-    "Engine settings; unset ones fall back to HELIOS_* variables, then defaults (EngineConfig.from_env)."
-    p.add_argument("--max-batch-size", type=int)
-    p.add_argument("--prefill-chunk-size", type=int)
-    p.add_argument("--prefill-order", choices=PREFILL_ORDERS,
-                   help="which unfinished prompt gets a tick's prefill budget first: shortest-first (default: the fewest "
-                        "prompt tokens left, the lowest mean time to first token) or oldest-first [HELIOS_PREFILL_ORDER]")
-    p.add_argument("--prefill-overdue-s", type=float,
-                   help="a prompt waiting this long since it arrived goes first, oldest first (default 5) "
-                        "[HELIOS_PREFILL_OVERDUE_S]")
-    p.add_argument("--speculative", choices=SPECULATIVE_METHODS,
-                   help="off (default), or ngram: each decode drafts the tokens that followed the latest earlier occurrence "
-                        "of its last few tokens and verifies them in the same forward; the tokens do not change "
-                        "[HELIOS_SPECULATIVE]")
-    p.add_argument("--speculative-tokens", type=int, help="tokens a decode drafts at most per tick (default 4)")
-    p.add_argument("--speculative-ngram-min", type=int, help="shortest suffix a draft's lookup matches (default 2)")
-    p.add_argument("--speculative-ngram-max", type=int, help="longest suffix, tried first (default 4)")
-    p.add_argument("--page-size", type=int)
-    p.add_argument("--kv-cache-bytes", type=byte_count, help="KV budget in bytes, e.g. 2e9")
-    p.add_argument("--kv-reservation", choices=KV_RESERVATIONS,
-                   help="on-demand (default): pages for the prompt, one more each time decode fills one, preempting the "
-                        "newest request when none is left; full: prompt + max_tokens reserved at admission [HELIOS_KV_RESERVATION]")
-    p.add_argument("--kv-watermark", type=float, help="on-demand: share of the pool an admission leaves free (default 0.01)")
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
-                   help="the KV pages' element (default auto: the model's dtype, float32 on a CPU); float16 halves the "
-                        "bytes attention reads and doubles the tokens a budget holds [HELIOS_KV_CACHE_DTYPE]")
-    p.add_argument("--kv-offload-bytes", type=byte_count_or_zero,
-                   help="host tier for evicted prefix pages and preempted requests, e.g. 8e9 (default: 0 on CPU, "
-                        "4 GiB on CUDA) [HELIOS_KV_OFFLOAD_BYTES]")
-    p.add_argument("--max-queue", type=int)
-    p.add_argument("--prefix-cache-ttl-s", type=float)
-    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
-    p.add_argument("--attention", choices=(AUTO, *implementation_names("attention")),
-                   help="attention over the KV pages: auto (the best that runs here: C kernels on a CPU with a compiler) "
-                        "or a registered backend [HELIOS_ATTENTION]")
-    p.add_argument("--matmul", choices=(AUTO, *implementation_names("matmul")),
-                   help="the projections' matmuls: auto (the best that runs here: float16 weights in C or fbgemm on a CPU) "
-                        "or a registered implementation [HELIOS_MATMUL]")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int,
-                   help="ranks that split each layer (heads, MLP, vocabulary, experts) [HELIOS_TENSOR_PARALLEL_SIZE]")
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int,
-                   help="stages of consecutive layers [HELIOS_PIPELINE_PARALLEL_SIZE]; with RANK, WORLD_SIZE, MASTER_ADDR "
-                        "and MASTER_PORT set, the ranks are processes started elsewhere (other machines), else this one spawns them")
-    p.add_argument("--executor", choices=(AUTO, *implementation_names("executor")),
-                   help="how the ranks run: auto (local for one rank, else multiprocess) [HELIOS_EXECUTOR]")
-    p.add_argument("--runner", choices=(AUTO, *implementation_names("runner")),
-                   help="how a tick's forward runs: auto (CUDA graphs for decode ticks on a GPU, else eager) [HELIOS_RUNNER]")
+
+def add_engine_args(p: argparse.ArgumentParser, cls: type = EngineConfig):
+    "One flag per setting of cls; unset ones stay None and fall back to HELIOS_* variables, then defaults."
+    for s in settings(cls):
+        help = f"{s.help.replace('`', '')} (default: {s.default_text}) [{s.env}]".replace("%", "%%")
+        if s.type_name == "bool":
+            p.add_argument(*s.cli_flags, dest=s.name, action="store_const", const=not s.default, default=None, help=help)
+        else:
+            p.add_argument(*s.cli_flags, dest=s.name, type=_flag_type(s), choices=s.allowed(), default=None, help=help)
     p.add_argument("--enforce-eager", dest="runner", action="store_const", const="eager",
                    help="no CUDA graphs: every tick runs eagerly (the same as --runner eager)")
-    p.add_argument("--compile", action="store_const", const=True, default=None,
-                   help="torch.compile each layer's norms and MLP at start-up [HELIOS_COMPILE]")
 
 
+def engine_settings(args, cls: type = EngineConfig) -> dict:
+    "The settings of cls as the parsed flags give them (None: not given), for EngineConfig.from_env or LLM."
+    return {s.name: getattr(args, s.name) for s in settings(cls)}
+
+# %% ../nbs/90_cli.ipynb #af60de4d
 def _add_sampling_args(p: argparse.ArgumentParser):
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the most likely tokens whose probabilities add up to this")
+    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1: all)")
+    p.add_argument("--seed", type=int, default=None, help="seed the sampling (default: fresh randomness)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="helios", description="Helios: a small, readable LLM inference engine")
-    sub = parser.add_subparsers(dest="command", required=True)
-    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API")
-    srv.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)))
+def _serve_parser(sub) -> argparse.ArgumentParser:
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_Help)
+    srv.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="the address to listen on [HELIOS_HOST]")
+    srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="the port to listen on [HELIOS_PORT]")
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
     srv.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' [HELIOS_API_KEY]")
-    srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)))
+    srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)),
+                     help="after SIGTERM or Ctrl-C, how long in-flight requests may take to finish [HELIOS_SHUTDOWN_GRACE_S]")
     srv.add_argument("--max-request-bytes", type=byte_count, default=_env("MAX_REQUEST_BYTES", str(DEFAULT_MAX_REQUEST_BYTES)),
                      help="refuse larger bodies with 413 [HELIOS_MAX_REQUEST_BYTES]")
     srv.add_argument("--public-metrics", action="store_true", default=_env("PUBLIC_METRICS", "") == "1",
@@ -119,21 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--return-timings", action="store_true", default=_env("RETURN_TIMINGS", "") == "1",
                      help="add per-request timings to every response unless its body says \"timings\": false "
                           "[HELIOS_RETURN_TIMINGS=1]")
-    srv.add_argument("--log-level", default="warning")
+    srv.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn's) log level")
     srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
                      help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
                           "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")
-    _add_model_args(srv); _add_engine_args(srv)
-    bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)")
-    bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    _add_model_args(srv); add_engine_args(srv)
+    return srv
+
+# %% ../nbs/90_cli.ipynb #30a5f4aa
+def _bench_parser(sub) -> argparse.ArgumentParser:
+    bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)",
+                           formatter_class=_Help)
+    bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI API root")
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
-    bench.add_argument("--api-key", default=_env("API_KEY"))
-    bench.add_argument("--workload", default="helios-30",
-                       choices=list(WORKLOADS))
+    bench.add_argument("--api-key", default=_env("API_KEY"), help="the key the server requires [HELIOS_API_KEY]")
+    bench.add_argument("--workload", default="helios-30", choices=list(WORKLOADS), help="the fixed set of requests to send")
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None,
                        help="client workers, each sending its next request when its last ends (default: the workload's; seed-30: 8)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="the run's random seed")
     bench.add_argument("--warmup", type=int, default=2, help="uncounted warm-up requests")
     bench.add_argument("--repeat", type=int, default=1, help="run the workload N times; report each metric's median")
     bench.add_argument("--engine", default="helios", help="a label for the engine under test")
@@ -145,34 +130,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", nargs="+", default=None, metavar="RUN.json", help="print stored runs side by side")
     bench.add_argument("--merge", nargs="+", default=None, metavar="RUN.json",
                        help="merge single runs of one engine and workload into one median run (written to --out)")
-    gen = sub.add_parser("generate", help="answer one prompt and exit")
+    return bench
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="helios", description="Helios: a small, readable LLM inference engine",
+                                     formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub); _bench_parser(sub)
+    gen = sub.add_parser("generate", help="answer one prompt and exit", formatter_class=_Help)
     gen.add_argument("prompt")
     gen.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     gen.add_argument("--system", default=None, help="a system message (chat template only)")
-    _add_model_args(gen); _add_engine_args(gen); _add_sampling_args(gen)
-    chat = sub.add_parser("chat", help="an interactive conversation, streamed (/reset, /exit)")
+    _add_model_args(gen); add_engine_args(gen); _add_sampling_args(gen)
+    chat = sub.add_parser("chat", help="an interactive conversation, streamed (/reset, /exit)",
+                          formatter_class=_Help)
     chat.add_argument("--system", default=None, help="a system message")
-    _add_model_args(chat); _add_engine_args(chat); _add_sampling_args(chat)
+    _add_model_args(chat); add_engine_args(chat); _add_sampling_args(chat)
     return parser
 
-
+# %% ../nbs/90_cli.ipynb #89c48f9e
 def _params(args) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed)
 
 
-ENGINE_ARGS = ("max_batch_size", "prefill_chunk_size", "prefill_order", "prefill_overdue_s", "page_size",
-               "kv_cache_bytes", "kv_reservation", "kv_watermark", "kv_cache_dtype", "kv_offload_bytes", "max_queue",
-               "prefix_cache_ttl_s",
-               "enable_prefix_caching", "attention", "matmul",
-               "tensor_parallel_size", "pipeline_parallel_size", "executor", "runner", "compile", "speculative",
-               "speculative_tokens", "speculative_ngram_min", "speculative_ngram_max")
-
-
 def _load(args, quiet: bool = False) -> LLM:
     if args.threads: torch.set_num_threads(int(args.threads))
     return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet, warm_up=getattr(args, "warm_up", False),
-               **{k: getattr(args, k) for k in ENGINE_ARGS})
+               **engine_settings(args))
 
 
 def byte_count(text: str, least: int = 1) -> int:
@@ -184,11 +170,6 @@ def byte_count(text: str, least: int = 1) -> int:
     if not (math.isfinite(value) and value >= least):
         raise argparse.ArgumentTypeError(f"expected a number of bytes >= {least}, got {text!r}")
     return int(value)
-
-
-def byte_count_or_zero(text: str) -> int:
-    "A size in bytes where 0 means: none (a tier turned off)."
-    return byte_count(text, least=0)
 
 # %% ../nbs/90_cli.ipynb #b9ba53eb
 def _stream_to(out: TextIO, deltas) -> str:
@@ -229,7 +210,7 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         answer = _stream_to(out, llm.stream(prompt, _params(args)))
         history.append({"role": "assistant", "content": answer})
 
-
+# %% ../nbs/90_cli.ipynb #8309e5d7
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
     try:
@@ -240,7 +221,7 @@ def main(argv: list[str] | None = None):
         env = rank_env()
         if env is not None and env.rank != 0:  # a rank started elsewhere (another machine): no server, the forward only
             if args.threads: torch.set_num_threads(int(args.threads))
-            config = EngineConfig.from_env(**{k: getattr(args, k) for k in ENGINE_ARGS})
+            config = EngineConfig.from_env(**engine_settings(args))
             return join_as_worker(args.model, args.dtype, args.device, config, env)
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":

@@ -7,21 +7,25 @@ Docs: https://helios-engine.github.io/helios/config.html.md"""
 # %% ../nbs/00_config.ipynb #83d890f0
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
-from .registry import AUTO, KINDS, check_choice
+from fastcore.basics import patch
+
+from .registry import AUTO, implementation_names
 
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'ROUTER_SCORINGS', 'TOPK_METHODS', 'HF_DEFAULTS', 'PAGE_SIZE', 'PREFILL_AGING_S',
            'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION', 'DEFAULT_GPU_KV_OFFLOAD_BYTES',
            'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS', 'KV_CACHE_DTYPES', 'ENV_PREFIX', 'RopeScaling',
            'yarn_mscale', 'YarnScaling', 'MoEConfig', 'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf',
-           'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'EngineConfig']
+           'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'Setting', 'setting',
+           'settings', 'EngineConfig', 'check_setting_names', 'settings_table']
 
 # %% ../nbs/00_config.ipynb #6023931e
 SUPPORTED_ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "deepseek_v2", "deepseek_v3")
@@ -101,7 +105,7 @@ class MoEConfig:
             raise ValueError(f"top_k={self.top_k} experts cannot come from {self.topk_groups} groups of "
                              f"{self.num_experts // self.num_groups}")
 
-
+# %% ../nbs/00_config.ipynb #0de9473d
 @dataclass(frozen=True)
 class MLAConfig:
     "Multi-head latent attention (DeepSeek-V2/V3): every head's keys and values rebuilt from one cached latent per token."
@@ -174,31 +178,38 @@ class ModelConfig:
     @property
     def queries_per_kv(self) -> int: return self.num_heads // self.num_kv_heads
 
-    @property
-    def kv_layout(self) -> KVLayout:
-        "GQA keeps K and V for each KV head; MLA keeps one latent plus the shared rope key, and reads V inside it."
-        if self.mla is None: return KVLayout(self.num_kv_heads, self.head_dim, self.head_dim)
-        return KVLayout(1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, self.mla.kv_lora_rank, v_in_k=True)
+# %% ../nbs/00_config.ipynb #28208c75
+@patch(as_prop=True)
+def kv_layout(self: ModelConfig) -> KVLayout:
+    "GQA keeps K and V for each KV head; MLA keeps one latent plus the shared rope key, and reads V inside it."
+    if self.mla is None: return KVLayout(self.num_kv_heads, self.head_dim, self.head_dim)
+    return KVLayout(1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, self.mla.kv_lora_rank, v_in_k=True)
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        "Bytes the KV cache keeps for one token across all layers."
-        return self.num_layers * self.kv_layout.values_per_token * dtype_bytes
 
-    def is_sparse(self, layer_idx: int) -> bool:
-        "Does this layer's MLP have experts?"
-        return self.moe is not None and layer_idx in self.moe.sparse_layers
+@patch
+def kv_bytes_per_token(self: ModelConfig, dtype_bytes: int) -> int:
+    "Bytes the KV cache keeps for one token across all layers."
+    return self.num_layers * self.kv_layout.values_per_token * dtype_bytes
 
-    def describe(self, dtype_bytes: int) -> str:
-        "The architecture in one phrase: attention, experts, and the KV bytes per token of the cache layout."
-        attention = (f"MLA (latent {self.mla.kv_lora_rank} + rope key {self.mla.qk_rope_head_dim}, {self.num_heads} heads)"
-                     if self.mla else f"GQA {self.num_heads}/{self.num_kv_heads} heads x {self.head_dim}")
-        experts = ""
-        if self.moe:
-            shared = f" + {self.moe.num_shared_experts} shared" if self.moe.num_shared_experts else ""
-            experts = (f", experts {self.moe.top_k} active of {self.moe.num_experts}{shared} "
-                       f"in {len(self.moe.sparse_layers)} of {self.num_layers} layers")
-        return (f"{self.architecture}: {self.num_layers} layers, {attention}{experts}; "
-                f"KV {self.kv_bytes_per_token(dtype_bytes):,} B/token")
+
+@patch
+def is_sparse(self: ModelConfig, layer_idx: int) -> bool:
+    "Does this layer's MLP have experts?"
+    return self.moe is not None and layer_idx in self.moe.sparse_layers
+
+
+@patch
+def describe(self: ModelConfig, dtype_bytes: int) -> str:
+    "The architecture in one phrase: attention, experts, and the KV bytes per token of the cache layout."
+    attention = (f"MLA (latent {self.mla.kv_lora_rank} + rope key {self.mla.qk_rope_head_dim}, {self.num_heads} heads)"
+                 if self.mla else f"GQA {self.num_heads}/{self.num_kv_heads} heads x {self.head_dim}")
+    experts = ""
+    if self.moe:
+        shared = f" + {self.moe.num_shared_experts} shared" if self.moe.num_shared_experts else ""
+        experts = (f", experts {self.moe.top_k} active of {self.moe.num_experts}{shared} "
+                   f"in {len(self.moe.sparse_layers)} of {self.num_layers} layers")
+    return (f"{self.architecture}: {self.num_layers} layers, {attention}{experts}; "
+            f"KV {self.kv_bytes_per_token(dtype_bytes):,} B/token")
 
 # %% ../nbs/00_config.ipynb #32fd0354
 def _as_tuple(ids) -> tuple[int, ...]:
@@ -227,7 +238,7 @@ def _rope_from_hf(d: dict) -> tuple[float, RopeScaling | YarnScaling | None]:
             params.get("attention_factor"), bool(params.get("truncate", True)))
     raise ValueError(f"rope_type {kind!r} is not supported; Helios supports 'default', 'llama3' and 'yarn'")
 
-
+# %% ../nbs/00_config.ipynb #2f545531
 def _moe_from_hf(d: dict, arch: str, num_layers: int) -> MoEConfig | None:
     "The experts of a Qwen3-MoE or DeepSeek config (None for dense families)."
     if arch == "qwen3_moe":
@@ -257,7 +268,7 @@ def _mla_from_hf(d: dict, arch: str) -> MLAConfig | None:
     return MLAConfig(d["kv_lora_rank"], d.get("q_lora_rank"), d["qk_nope_head_dim"], d["qk_rope_head_dim"],
                      d["v_head_dim"], rope_interleave=arch == "deepseek_v2" or bool(d.get("rope_interleave", True)))
 
-
+# %% ../nbs/00_config.ipynb #763d3b4a
 # what transformers assumes for a key a DeepSeek config.json leaves out (a key given as null stays null)
 HF_DEFAULTS = {
     "deepseek_v2": dict(first_k_dense_replace=0, n_routed_experts=64, n_shared_experts=2, moe_intermediate_size=1407,
@@ -334,7 +345,7 @@ def tiny_deepseek_v3(**overrides) -> ModelConfig:
                   mla=MLAConfig(kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
     return ModelConfig(**{**fields, **overrides})
 
-# %% ../nbs/00_config.ipynb #96ecddbb
+# %% ../nbs/00_config.ipynb #59008a7e
 PAGE_SIZE = 256                      # tokens per KV page (and per prefix-cache block)
 PREFILL_AGING_S = 0.100              # a prompt waiting this long for prefill goes first
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30 # KV budget on CPU when none is given: 2 GiB
@@ -342,90 +353,193 @@ DEFAULT_GPU_MEMORY_FRACTION = 0.90   # on GPU: this share of the memory left aft
 DEFAULT_GPU_KV_OFFLOAD_BYTES = 4 << 30  # host tier next to a GPU when none is given: 4 GiB of pinned memory
 KV_RESERVATIONS = ("on-demand", "full")  # pages for the prompt, a page more when decode fills one; or prompt + max_tokens
 PREFILL_ORDERS = ("shortest-first", "oldest-first")  # which unfinished prompt a tick's prefill budget goes to first
-SPECULATIVE_METHODS = ("off", "ngram")  # drafting tokens for a decode to verify in one forward (chapter 09a)
+SPECULATIVE_METHODS = ("off", "ngram")  # drafting tokens for a decode to verify in one forward
 KV_CACHE_DTYPES = (AUTO, "float32", "float16", "bfloat16")  # the KV pages' element; auto: the model's dtype
 
 ENV_PREFIX = "HELIOS_"
 
 
+def _type_name(annotation) -> str:
+    "A field's type as written: a string under `from __future__ import annotations`, else the type's name."
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+# %% ../nbs/00_config.ipynb #6c28e467
+class Setting(NamedTuple):
+    "One engine setting: what its field's metadata says, plus the field's name, type and default."
+    help: str                                     # markdown; the command line shows it without backticks
+    choices: tuple[str, ...] | str | None = None  # the values allowed, or a registry kind: auto or a registered name
+    at_least: float | None = None                 # the smallest value allowed
+    below: float | None = None                    # values must stay under this
+    flags: tuple[str, ...] = ()                   # the command line's spellings when not just --field-name
+    shown: str | None = None                      # how a default of None is described
+    name: str = ""                                # from here on: filled in from the field by settings()
+    type_name: str = ""
+    default: object = None
+
+    @property
+    def env(self) -> str: return ENV_PREFIX + self.name.upper()
+
+    @property
+    def cli_flags(self) -> tuple[str, ...]: return self.flags or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def default_text(self) -> str:
+        "The default as the docs and --help show it."
+        if self.shown is not None: return self.shown
+        if isinstance(self.default, bool): return str(self.default).lower()
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    def allowed(self) -> tuple[str, ...] | None:
+        "The values a choice may take (a registry kind's are read now), or None for a number."
+        return (AUTO, *implementation_names(self.choices)) if isinstance(self.choices, str) else self.choices
+
+
+def setting(default, help: str, **rules) -> Field:
+    "A field of EngineConfig: its default, and in its metadata the Setting that describes it."
+    return field(default=default, metadata={"setting": Setting(help, **rules)})
+
+
+def settings(cls) -> tuple[Setting, ...]:
+    "The settings of a config class (EngineConfig, or one derived from it), in field order."
+    return tuple(f.metadata["setting"]._replace(name=f.name, type_name=_type_name(f.type), default=f.default)
+                 for f in fields(cls))
+
+# %% ../nbs/00_config.ipynb #f27ae873
+@patch
+def parse(self: Setting, raw: str, source: str):
+    "The value written as text in source (a variable or a flag), or a ValueError that names both."
+    kind = self.type_name.replace(" | None", "")
+    try:
+        if kind == "bool": return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind == "float": return float(raw)
+        if kind == "int": return int(float(raw)) if "e" in raw.lower() else int(raw)
+        return raw.strip()
+    except (ValueError, OverflowError):
+        raise ValueError(f"{source}={raw!r} is not a valid {kind}") from None
+
+
+@patch
+def check(self: Setting, value):
+    "A ValueError naming the setting, what it got and what is allowed, when value breaks the rules."
+    if value is None and self.default is None: return
+    allowed = self.allowed()
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"{self.name} must be one of {', '.join(allowed)}, got {value!r}")
+    low, high = self.at_least, self.below
+    if (low is not None and value < low) or (high is not None and value >= high):
+        rule = f">= {low:g}" if high is None else f"in [{low:g}, {high:g})"
+        raise ValueError(f"{self.name} must be {rule}, got {value}")
+
+# %% ../nbs/00_config.ipynb #399a02a2
 @dataclass(frozen=True)
-class EngineConfig:
-    "Scheduler, KV pool and prefix-cache settings; `from_env` reads HELIOS_* variables."
-    max_batch_size: int = 32           # requests running at once
-    prefill_chunk_size: int = 512      # tokens per tick: decode tokens first, prefill chunks after
-    page_size: int = PAGE_SIZE
-    kv_cache_bytes: int | None = None  # None: DEFAULT_CPU_KV_CACHE_BYTES, or a fraction of free GPU memory
-    kv_reservation: str = "on-demand"  # "on-demand" or "full" (KV_RESERVATIONS)
-    kv_watermark: float = 0.01         # on-demand: share of the pool an admission leaves free for running decodes
-    kv_cache_dtype: str = AUTO         # KV_CACHE_DTYPES: the pages' element; auto: the model's (float32 on a CPU)
-    prefill_order: str = "shortest-first"  # PREFILL_ORDERS: fewest prompt tokens left first, or oldest request first
-    prefill_overdue_s: float = 5.0     # a prompt waiting this long since it arrived goes first, oldest first
-    kv_offload_bytes: int | None = None  # host tier for evicted prefix pages and preempted requests; None: 0 on CPU
-    max_queue: int = 1024              # requests waiting for admission before new ones are refused
-    prefix_cache_ttl_s: float = 300.0  # an unused cached prefix page lives this long
-    enable_prefix_caching: bool = True
-    attention: str = AUTO              # attention over the pages: auto, or a registered name (torch, c, ...)
-    matmul: str = AUTO                 # the projections' matmuls: auto, or a registered name (torch, onednn, ...)
-    tensor_parallel_size: int = 1      # ranks splitting every layer's heads, MLP and vocabulary (chapter 16)
-    pipeline_parallel_size: int = 1    # stages of consecutive layers, one group of ranks each (chapter 16)
-    executor: str = AUTO               # how the ranks run: auto, local (one process), multiprocess (chapter 16)
-    runner: str = AUTO                 # how a tick's forward runs: auto, eager, cuda-graphs (decode ticks; chapter 17)
-    compile: bool = False              # torch.compile each layer's norms and MLP (chapter 17 measures when it pays)
-    speculative: str = "off"           # SPECULATIVE_METHODS: off, or ngram (drafts from the request's own tokens)
-    speculative_tokens: int = 4        # tokens a decode drafts at most per tick
-    speculative_ngram_min: int = 2     # the shortest suffix of the sequence a draft's lookup matches
-    speculative_ngram_max: int = 4     # the longest (tried first)
+class _BatchSettings:
+    "How much work one tick takes on, and which prompt goes first."
+    max_batch_size: int = setting(32, "requests running at once", at_least=1)
+    prefill_chunk_size: int = setting(
+        512, "tokens per tick: one decode token per running request, the rest for prompt chunks", at_least=1)
+    prefill_order: str = setting(
+        "shortest-first", "which unfinished prompt gets the rest first: `shortest-first` (the fewest prompt tokens "
+        "left: the lowest median time to first token) or `oldest-first` (FIFO); a prompt waiting "
+        f"{PREFILL_AGING_S * 1000:g} ms since its last chunk goes before the others either way", choices=PREFILL_ORDERS)
+    prefill_overdue_s: float = setting(
+        5.0, "a prompt waiting this long since it arrived goes first, oldest first, however long it is (the bound "
+        "on what shortest-first costs a long prompt)", at_least=0)
+    max_queue: int = setting(1024, "waiting requests before new ones are refused", at_least=1)
+
+# %% ../nbs/00_config.ipynb #42e99c6e
+@dataclass(frozen=True)
+class _KVSettings(_BatchSettings):
+    "How big the KV pool is, what its pages hold, and how they are handed out and shared."
+    page_size: int = setting(PAGE_SIZE, "tokens per KV page and per prefix-cache block", at_least=1)
+    kv_cache_bytes: int | None = setting(None, "the KV pool's budget in bytes, e.g. `2e9`", at_least=1,
+                                         shown="2 GiB on CPU, 90% of free GPU memory")
+    kv_cache_dtype: str = setting(
+        AUTO, "the KV pages' element: `auto` (the model's dtype: float32 on a CPU), `float32`, `float16` (half the "
+        "bytes attention reads and twice the tokens a budget holds) or `bfloat16`", choices=KV_CACHE_DTYPES)
+    kv_reservation: str = setting(
+        "on-demand", "`on-demand`: admission takes pages for the prompt and decode takes one more when its last "
+        "page fills; when none is left the newest running request is preempted (swapped to the host tier if it "
+        "has room, else recomputed later) and resumes ahead of new arrivals. `full`: prompt + `max_tokens` "
+        "reserved at admission, never preempted", choices=KV_RESERVATIONS)
+    kv_watermark: float = setting(
+        0.01, "on-demand: the share of the pool an admission leaves free for running decodes", at_least=0, below=1)
+    kv_offload_bytes: int | None = setting(
+        None, "a host-memory tier in bytes, e.g. `8e9`: evicted prefix-cache pages wait there for a later hit, "
+        "preempted requests are swapped there", at_least=0, shown="0 on CPU, 4 GiB (at most a quarter of RAM) on CUDA")
+    enable_prefix_caching: bool = setting(True, "share the pages of repeated prompt prefixes",
+                                          flags=("--no-prefix-caching",))
+    prefix_cache_ttl_s: float = setting(300.0, "how long an unused cached prefix page lives", at_least=0)
+
+# %% ../nbs/00_config.ipynb #8f1790bf
+@dataclass(frozen=True)
+class EngineConfig(_KVSettings):
+    "The engine's settings; the CLI flags, HELIOS_* variables, LLM's keyword arguments and docs table come from them."
+    attention: str = setting(
+        AUTO, "attention over the pages: `auto` (the best that runs here: C kernels on a CPU with a C compiler, "
+        "FlashAttention on CUDA, else `torch`), or a registered name (an explicit one that cannot run is an error "
+        "that says why)", choices="attention")
+    matmul: str = setting(
+        AUTO, "the projections' matmuls: `auto` (float16-stored weights multiplied in float32 by the C kernel, else "
+        "fbgemm, on a CPU; `dtype=float32` keeps exact weights, pre-packed for oneDNN), or a registered name; the "
+        "opt-in `c-bf16` multiplies bfloat16 weights with float32 sums on AMX tiles (or AVX512-BF16, "
+        "`HELIOS_BF16_ISA=avx512-bf16`), next-token log-probabilities within 0.08 of float32's on SmolLM2",
+        choices="matmul")
+    tensor_parallel_size: int = setting(
+        1, "ranks that split every layer: heads (and their KV cache), MLP columns, vocabulary rows, experts",
+        at_least=1, flags=("--tensor-parallel-size", "-tp"))
+    pipeline_parallel_size: int = setting(
+        1, "stages of consecutive layers, each of `tensor_parallel_size` ranks; a tick runs through them in "
+        "micro-batches", at_least=1, flags=("--pipeline-parallel-size", "-pp"))
+    executor: str = setting(
+        AUTO, "how the ranks run: `local` (one process) for one rank, else `multiprocess` (worker processes on this "
+        "machine, or ranks started elsewhere with `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` set)",
+        choices="executor")
+    runner: str = setting(
+        AUTO, "how a tick's forward runs: `cuda-graphs` (decode ticks replay CUDA graphs captured at start-up; the "
+        "default on a GPU) or `eager` (`--enforce-eager`; the default elsewhere)", choices="runner")
+    compile: bool = setting(False, "`torch.compile` each layer's norms and MLP at start-up")
+    speculative: str = setting(
+        "off", "`ngram`: each decode drafts the tokens that followed the latest earlier occurrence of its last few "
+        "tokens (prompt lookup) and verifies them in the same forward; every token stays what it is without drafts",
+        choices=SPECULATIVE_METHODS)
+    speculative_tokens: int = setting(4, "tokens a decode drafts at most per tick", at_least=1)
+    speculative_ngram_min: int = setting(2, "the shortest suffix of the sequence a draft's lookup matches", at_least=1)
+    speculative_ngram_max: int = setting(4, "the longest suffix a draft's lookup matches (tried first)")
 
     def __post_init__(self):
-        for name in ("max_batch_size", "prefill_chunk_size", "page_size", "max_queue", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-        if self.kv_offload_bytes is not None and self.kv_offload_bytes < 0:
-            raise ValueError(f"kv_offload_bytes must be >= 0, got {self.kv_offload_bytes}")
-        if self.kv_reservation not in KV_RESERVATIONS:
-            raise ValueError(f"kv_reservation must be one of {', '.join(KV_RESERVATIONS)}, got {self.kv_reservation!r}")
-        if self.prefill_order not in PREFILL_ORDERS:
-            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}")
-        if self.prefill_overdue_s < 0:
-            raise ValueError(f"prefill_overdue_s must be >= 0, got {self.prefill_overdue_s}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        if self.speculative not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
-        for name in ("speculative_tokens", "speculative_ngram_min"):
-            if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for s in settings(type(self)): s.check(getattr(self, s.name))
         if self.speculative_ngram_max < self.speculative_ngram_min:
             raise ValueError(f"speculative_ngram_max must be >= speculative_ngram_min ({self.speculative_ngram_min}), "
                              f"got {self.speculative_ngram_max}")
-        if not 0 <= self.kv_watermark < 1:
-            raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
-        if self.prefix_cache_ttl_s < 0:
-            raise ValueError(f"prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")
-        for kind in KINDS: check_choice(kind, getattr(self, kind))  # the one place these settings are validated
 
     @property
     def world_size(self) -> int: return self.tensor_parallel_size * self.pipeline_parallel_size
 
-    @classmethod
-    def from_env(cls, environ=None, **overrides) -> EngineConfig:
-        "Defaults, then HELIOS_<FIELD> variables, then explicit overrides (None means: not given)."
-        environ = os.environ if environ is None else environ
-        values = {}
-        for f in fields(cls):
-            raw = environ.get(ENV_PREFIX + f.name.upper())
-            if raw is not None: values[f.name] = _parse_env(f.name, raw, f.type)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+# %% ../nbs/00_config.ipynb #954f50cd
+def check_setting_names(names, known) -> None:
+    "A TypeError for the first name that is not among the known settings, with the closest one if any is close."
+    for name in names:
+        if name in known: continue
+        close = difflib.get_close_matches(name, known, n=1)
+        raise TypeError(f"{name!r} is not an engine setting" +
+                        (f"; did you mean {close[0]!r}?" if close else f"; the settings are {', '.join(known)}"))
 
 
-def _parse_env(name: str, raw: str, type_name: str):
-    try:
-        if type_name == "str": return raw.strip()
-        if "bool" in type_name: return raw.strip().lower() in ("1", "true", "yes", "on")
-        if "float" in type_name: return float(raw)
-        return int(float(raw)) if "e" in raw.lower() else int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_name}") from None
+@patch(cls_method=True)
+def from_env(cls: EngineConfig, environ=None, **overrides) -> EngineConfig:
+    "Defaults, then HELIOS_<FIELD> variables, then explicit overrides (None means: not given)."
+    known = settings(cls)
+    check_setting_names(overrides, [s.name for s in known])
+    environ = os.environ if environ is None else environ
+    values = {s.name: s.parse(environ[s.env], s.env) for s in known if s.env in environ}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return cls(**values)
+
+# %% ../nbs/00_config.ipynb #d1714b8b
+def settings_table(cls: type = EngineConfig) -> str:
+    "The settings as a markdown table: keyword argument, flag, environment variable, default and meaning."
+    rows = ["| argument | flag | variable | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for s in settings(cls):
+        flags = ", ".join(f"`{flag}`" for flag in s.cli_flags)
+        rows.append(f"| `{s.name}` | {flags} | `{s.env}` | {s.default_text} | {s.help} |")
+    return "\n".join(rows)

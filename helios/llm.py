@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/llm.html.md"""
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import sys
 import threading
@@ -15,9 +16,10 @@ import weakref
 from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import torch
+from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .config import EngineConfig
+from .config import EngineConfig, settings
 from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput
 from .sampling import SamplingParams
 from .scheduler import QueueFull
@@ -29,7 +31,7 @@ _T = TypeVar("_T")
 
 # %% auto #0
 __all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'attention_summary', 'runner_summary', 'Launch', 'eos_ids',
-           'local_launch', 'LLM']
+           'local_launch', 'LLM', 'settings_signature']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -70,7 +72,7 @@ def runner_summary(engine: Engine) -> str:
               f"-{cfg.speculative_ngram_max})" if cfg.speculative == "ngram" else "")
     return text + (f"; compiled in {engine.compile_s:.1f} s" if engine.compile_s is not None else "") + drafts
 
-
+# %% ../nbs/12_llm.ipynb #e4907d93
 class Launch(NamedTuple):
     "What an executor built: the model rank 0 runs, the tokenizer, the engine, and how the ranks run."
     loaded: LoadedModel
@@ -95,30 +97,12 @@ def local_launch(model, dtype, device, config: EngineConfig) -> Launch:
 
 LOCAL_EXECUTOR = Implementation("executor", "local", local_launch, priority=0, summary="one process")
 
-
+# %% ../nbs/12_llm.ipynb #77ddf9f2
 class LLM:
     "Load a model once, then generate, chat or stream through the continuous-batching engine."
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
-                 device: str | torch.device = "auto", *, max_batch_size: int | None = None,
-                 prefill_chunk_size: int | None = None, page_size: int | None = None,
-                 kv_cache_bytes: int | None = None, kv_reservation: str | None = None, kv_watermark: float | None = None,
-                 kv_cache_dtype: str | None = None, prefill_order: str | None = None, prefill_overdue_s: float | None = None,
-                 kv_offload_bytes: int | None = None, enable_prefix_caching: bool | None = None,
-                 max_queue: int | None = None, prefix_cache_ttl_s: float | None = None, attention: str | None = None,
-                 matmul: str | None = None, tensor_parallel_size: int | None = None,
-                 pipeline_parallel_size: int | None = None, executor: str | None = None, runner: str | None = None,
-                 compile: bool | None = None, speculative: str | None = None, speculative_tokens: int | None = None,
-                 speculative_ngram_min: int | None = None, speculative_ngram_max: int | None = None,
-                 warm_up: bool = False, quiet: bool = False):
-        self.engine_config = EngineConfig.from_env(
-            max_batch_size=max_batch_size, prefill_chunk_size=prefill_chunk_size, page_size=page_size,
-            kv_cache_bytes=kv_cache_bytes, kv_reservation=kv_reservation, kv_watermark=kv_watermark,
-            kv_cache_dtype=kv_cache_dtype, prefill_order=prefill_order, prefill_overdue_s=prefill_overdue_s,
-            kv_offload_bytes=kv_offload_bytes, enable_prefix_caching=enable_prefix_caching, max_queue=max_queue,
-            prefix_cache_ttl_s=prefix_cache_ttl_s, attention=attention, matmul=matmul,
-            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, executor=executor,
-            runner=runner, compile=compile, speculative=speculative, speculative_tokens=speculative_tokens,
-            speculative_ngram_min=speculative_ngram_min, speculative_ngram_max=speculative_ngram_max)
+                 device: str | torch.device = "auto", *, warm_up: bool = False, quiet: bool = False, **engine_settings):
+        self.engine_config = EngineConfig.from_env(**engine_settings)  # an unknown name: a TypeError, before loading
         launch = on_fresh_thread(lambda: self._build(model, dtype, device))
         loaded, self.tokenizer, self.engine = launch.loaded, launch.tokenizer, launch.engine
         self.model, self.config, self.path, self.load_time_s = loaded.model, loaded.config, loaded.path, loaded.load_time_s
@@ -147,67 +131,103 @@ class LLM:
         return choose("executor", self.engine_config.executor, model=model, dtype=dtype, device=device,
                       config=self.engine_config).value
 
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        "Token ids of a text prompt (with the tokenizer's special tokens), or the ids as given."
-        if isinstance(prompt, str):
-            if not prompt: raise ValueError("the prompt is empty; send at least one character")
-            return self.tokenizer.encode(prompt)
-        return list(prompt)
+# %% ../nbs/12_llm.ipynb #91179c0d
+def settings_signature(fn, cls: type = EngineConfig) -> inspect.Signature:
+    "fn's signature with its **kwargs written out as one keyword-only argument per setting of cls."
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    spelled = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default, annotation=s.type_name)
+               for s in settings(cls)]
+    return sig.replace(parameters=kept + spelled)
 
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
-        "Queue one prompt; the handle streams its events and gives its result."
-        return self.engine.submit(self.encode_prompt(prompt), params or SamplingParams(),
-                                  prompt if isinstance(prompt, str) else None)
 
-    def generate(self, prompts: str | list[str] | list[list[int]], params: SamplingParams | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        "One output per prompt, in order; prompts are strings or lists of token ids."
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
-        params = params or SamplingParams()
-        encoded = [self.encode_prompt(p) for p in prompts]  # bad input fails before anything runs
-        for ids in encoded: self.engine.check_fits(len(ids), params.max_tokens)
-        handles: list[RequestHandle] = []
-        with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm or None) as bar:
-            for prompt, ids in zip(prompts, encoded):
-                handles.append(self._submit_when_room(ids, params, prompt, handles, bar))
-            outputs = []
-            for i, h in enumerate(handles):
-                outputs.append(h.result())
-                if i >= bar.n: bar.update(1)
-        return outputs
+LLM.__init__.__signature__ = settings_signature(LLM.__init__)
 
-    def _submit_when_room(self, ids, params, prompt, handles, bar) -> RequestHandle:
-        "Submit, and when the wait list is full wait for the oldest unfinished request first."
-        while True:
-            try:
-                return self.engine.submit(ids, params, prompt if isinstance(prompt, str) else None)
-            except QueueFull:
-                handles[bar.n].result(); bar.update(1)
+# %% ../nbs/12_llm.ipynb #589e2eac
+@patch
+def encode_prompt(self: LLM, prompt: str | list[int]) -> list[int]:
+    "Token ids of a text prompt (with the tokenizer's special tokens), or the ids as given."
+    if isinstance(prompt, str):
+        if not prompt: raise ValueError("the prompt is empty; send at least one character")
+        return self.tokenizer.encode(prompt)
+    return list(prompt)
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None, **template_kwargs) -> RequestOutput:
-        "Answer one conversation through the model's chat template."
-        return self.submit(self.tokenizer.encode_chat(messages, **template_kwargs), params).result()
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
-        "Text deltas of the first completion of a prompt, as the engine produces them."
-        handle = self.submit(prompt, params)
-        for event in handle.events():
-            if event.index == 0 and event.delta: yield event.delta
-        handle.result()  # raise if it failed
+@patch
+def submit(self: LLM, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
+    "Queue one prompt; the handle streams its events and gives its result."
+    return self.engine.submit(self.encode_prompt(prompt), params or SamplingParams(),
+                              prompt if isinstance(prompt, str) else None)
 
-    def cancel(self, request_id: str): self.engine.cancel(request_id)
 
-    def stats(self) -> EngineStats: return self.engine.stats()
+@patch
+def generate(self: LLM, prompts: str | list[str] | list[list[int]], params: SamplingParams | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+    "One output per prompt, in order; prompts are strings or lists of token ids."
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
+    params = params or SamplingParams()
+    encoded = [self.encode_prompt(p) for p in prompts]  # bad input fails before anything runs
+    for ids in encoded: self.engine.check_fits(len(ids), params.max_tokens)
+    handles: list[RequestHandle] = []
+    with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm or None) as bar:
+        for prompt, ids in zip(prompts, encoded):
+            handles.append(self._submit_when_room(ids, params, prompt, handles, bar))
+        outputs = []
+        for i, h in enumerate(handles):
+            outputs.append(h.result())
+            if i >= bar.n: bar.update(1)
+    return outputs
 
-    def inspect_cache(self, timeout: float = 5.0) -> CacheReport:
-        "The prefix cache's blocks, the pool's pages and the lookup totals, as the engine thread sees them."
-        return self.engine.inspect_cache(timeout)
 
-    def close(self):
-        "Stop the engine thread (requests still pending end with finish_reason 'abort'); safe to call twice."
-        self._finalizer()
-        atexit.unregister(self._finalizer)
+@patch
+def _submit_when_room(self: LLM, ids, params, prompt, handles, bar) -> RequestHandle:
+    "Submit, and when the wait list is full wait for the oldest unfinished request first."
+    while True:
+        try:
+            return self.engine.submit(ids, params, prompt if isinstance(prompt, str) else None)
+        except QueueFull:
+            handles[bar.n].result(); bar.update(1)
 
-    def __enter__(self) -> LLM: return self
+# %% ../nbs/12_llm.ipynb #987e82b6
+@patch
+def chat(self: LLM, messages: list[dict], params: SamplingParams | None = None, **template_kwargs) -> RequestOutput:
+    "Answer one conversation through the model's chat template."
+    return self.submit(self.tokenizer.encode_chat(messages, **template_kwargs), params).result()
 
-    def __exit__(self, *exc): self.close()
+
+@patch
+def stream(self: LLM, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+    "Text deltas of the first completion of a prompt, as the engine produces them."
+    handle = self.submit(prompt, params)
+    for event in handle.events():
+        if event.index == 0 and event.delta: yield event.delta
+    handle.result()  # raise if it failed
+
+
+@patch
+def cancel(self: LLM, request_id: str): self.engine.cancel(request_id)
+
+
+@patch
+def stats(self: LLM) -> EngineStats: return self.engine.stats()
+
+
+@patch
+def inspect_cache(self: LLM, timeout: float = 5.0) -> CacheReport:
+    "The prefix cache's blocks, the pool's pages and the lookup totals, as the engine thread sees them."
+    return self.engine.inspect_cache(timeout)
+
+
+@patch
+def close(self: LLM):
+    "Stop the engine thread (requests still pending end with finish_reason 'abort'); safe to call twice."
+    self._finalizer()
+    atexit.unregister(self._finalizer)
+
+
+@patch
+def __enter__(self: LLM) -> LLM: return self
+
+
+@patch
+def __exit__(self: LLM, *exc): self.close()

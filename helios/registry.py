@@ -41,7 +41,7 @@ class Choice(NamedTuple):
     value: Any
     passed_over: tuple[str, ...]
 
-
+# %% ../nbs/00_config.ipynb #673bc067
 def _group(kind: str) -> str:
     if kind not in KINDS: raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     return f"helios.{kind}"
@@ -71,7 +71,7 @@ def load_implementation(kind: str, name: str) -> Implementation:
         raise TypeError(f"entry point {name} of {_group(kind)} must be the {kind} Implementation {name!r}, got {impl!r}")
     return impl
 
-
+# %% ../nbs/00_config.ipynb #20c1583f
 def choose(kind: str, name: str = AUTO, **context) -> Choice:
     "Build the named implementation (Unavailable says why not), or under `auto` the best one that builds here."
     check_choice(kind, name)

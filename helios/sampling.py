@@ -11,7 +11,7 @@ import math
 import numbers
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 import torch
@@ -20,9 +20,10 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # %% auto #0
 __all__ = ['MAX_LOGPROBS', 'MAX_N', 'SEED_RANGE', 'MAX_TEMPERATURE', 'REPETITION_PENALTY_RANGE', 'GREEDY_BELOW_TEMPERATURE',
-           'SHORT_LIST', 'MASK_BITS', 'InvalidParam', 'shown', 'SamplingParams', 'TokenLogprobs', 'SampledToken',
-           'make_generator', 'sample_seed', 'apply_penalties', 'draw_uniforms', 'unpack_token_masks',
-           'apply_token_masks', 'pick_tokens', 'sample_batch', 'StopStrings', 'Completion']
+           'SEED', 'LOGIT_BIAS', 'SHORT_LIST', 'MASK_BITS', 'InvalidParam', 'shown', 'Range', 'ranged',
+           'SamplingParams', 'sampling_ranges', 'TokenLogprobs', 'SampledToken', 'make_generator', 'sample_seed',
+           'apply_penalties', 'draw_uniforms', 'unpack_token_masks', 'apply_token_masks', 'pick_tokens', 'sample_batch',
+           'StopStrings', 'Completion']
 
 # %% ../nbs/07_sampling.ipynb #7b942158
 MAX_LOGPROBS = 20                 # as OpenAI's top_logprobs
@@ -60,7 +61,7 @@ def _finite(value) -> float | None:
     except OverflowError: return None  # an int beyond float range
     return number if math.isfinite(number) else None
 
-
+# %% ../nbs/07_sampling.ipynb #4248cf0f
 def _real(name: str, value, ok, rule: str) -> float:
     "A float field, checked: a finite number for which ok(number) holds; rule says which ones do."
     number = _finite(value)
@@ -75,6 +76,42 @@ def _integer(name: str, value, ok, rule: str, optional: bool = False) -> int | N
     return int(value)
 
 
+class Range(NamedTuple):
+    "The numbers a sampling parameter accepts: checked here, documented from the same bounds by an API."
+    low: float
+    high: float | None = None   # None: no upper bound
+    integer: bool = False       # an integer (not a bool, not a float); else a finite float
+    low_open: bool = False      # low itself is refused
+    note: str = ""              # what a message adds in parentheses ("0 is greedy")
+    rule: str | None = None     # a message's words for the range where the numbers would read badly
+
+    def admits(self, number) -> bool:
+        return (number > self.low if self.low_open else number >= self.low) and (self.high is None or number <= self.high)
+
+    @property
+    def text(self) -> str:
+        "The range in words: `in [0, 100] (0 is greedy)`, `in (0, 1]`, `between 1 and 16`, `>= 1`."
+        if self.rule: words = self.rule
+        elif self.high is None: words = f">= {self.low:g}"
+        elif self.integer: words = f"between {self.low} and {self.high}"
+        else: words = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        return f"{words} ({self.note})" if self.note else words
+
+    def schema(self) -> dict:
+        "The bounds as JSON Schema keywords."
+        bounds = {"exclusiveMinimum" if self.low_open else "minimum": self.low}
+        return bounds if self.high is None else {**bounds, "maximum": self.high}
+
+    def check(self, name: str, value, optional: bool = False):
+        "value as the field's int or float, or an InvalidParam naming the field; None passes when optional."
+        if self.integer: return _integer(name, value, self.admits, self.text, optional)
+        return _real(name, value, self.admits, self.text)
+
+
+SEED = Range(*SEED_RANGE, integer=True, rule="in [-2**63, 2**64 - 1]")
+LOGIT_BIAS = Range(-100, 100)  # a bias added to one token's logit
+
+# %% ../nbs/07_sampling.ipynb #3d41c0c2
 def _strings(name: str, value) -> tuple[str, ...]:
     "stop: one string or a list of them, each non-empty."
     if isinstance(value, str): value = (value,)
@@ -103,7 +140,7 @@ def _as_token_id(token) -> int | None:
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     "logit_bias as sorted (token id, bias) pairs, from a dict or a list of pairs."
     problem = InvalidParam("logit_bias", f"logit_bias must map token ids (integers >= 0) to finite biases "
-                                         f"in [-100, 100], got {shown(value)}")
+                                         f"{LOGIT_BIAS.text}, got {shown(value)}")
     if isinstance(value, dict): items = list(value.items())
     elif value is None or isinstance(value, (list, tuple)): items = list(value or ())
     else: raise problem
@@ -111,53 +148,45 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     for item in items:
         if not (isinstance(item, (list, tuple)) and len(item) == 2): raise problem
         token, bias = _as_token_id(item[0]), _finite(item[1])
-        if token is None or bias is None or not -100 <= bias <= 100: raise problem
+        if token is None or bias is None or not LOGIT_BIAS.admits(bias): raise problem
         pairs[token] = bias
     return tuple(sorted(pairs.items()))
+
+# %% ../nbs/07_sampling.ipynb #99b310cd
+def ranged(default, range: Range):
+    "A numeric SamplingParams field: its default, and its Range in the field's metadata."
+    return field(default=default, metadata={"range": range})
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     "How to pick tokens and when to stop; validated (and normalised) at construction."
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1                 # -1 (or 0): no limit; above the vocabulary: no limit either
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    max_tokens: int = ranged(16, Range(1, integer=True))
+    temperature: float = ranged(1.0, Range(0, MAX_TEMPERATURE, note="0 is greedy"))
+    top_p: float = ranged(1.0, Range(0, 1, low_open=True))
+    top_k: int = ranged(-1, Range(-1, integer=True, rule="-1 or 0 (no limit) or >= 1"))  # above the vocabulary: no limit either
+    min_p: float = ranged(0.0, Range(0, 1))
+    presence_penalty: float = ranged(0.0, Range(-2, 2))
+    frequency_penalty: float = ranged(0.0, Range(-2, 2))
+    repetition_penalty: float = ranged(1.0, Range(*REPETITION_PENALTY_RANGE, note="1 is off"))
+    seed: int | None = ranged(None, SEED)
     stop: tuple[str, ...] | str | None = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    logprobs: int | None = None     # None: no logprobs; k: the chosen token's plus the top k
-    n: int = 1
+    logprobs: int | None = ranged(None, Range(0, MAX_LOGPROBS, integer=True))  # None: none; k: the chosen token's + top k
+    n: int = ranged(1, Range(1, MAX_N, integer=True))
     logit_bias: tuple[tuple[int, float], ...] | dict | None = ()  # (token id, bias added to its logit)
-    grammar: str | None = None      # an llguidance grammar the output must follow (chapter 07a); None: free text
+    grammar: str | None = None      # an llguidance grammar the output must follow; None: free text
 
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)
-        put("max_tokens", _integer("max_tokens", self.max_tokens, lambda v: v >= 1, ">= 1"))
-        put("temperature", _real("temperature", self.temperature, lambda v: 0 <= v <= MAX_TEMPERATURE,
-                                 f"in [0, {MAX_TEMPERATURE:g}] (0 is greedy)"))
-        put("top_p", _real("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"))
-        top_k = _integer("top_k", self.top_k, lambda v: v >= -1, "-1 or 0 (no limit) or >= 1")
-        put("top_k", -1 if top_k == 0 else top_k)
-        put("min_p", _real("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"))
-        for name in ("presence_penalty", "frequency_penalty"):
-            put(name, _real(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]"))
-        low, high = REPETITION_PENALTY_RANGE
-        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, lambda v: low <= v <= high,
-                                        f"in [{low:g}, {high:g}] (1 is off)"))
-        put("seed", _integer("seed", self.seed, lambda v: SEED_RANGE[0] <= v <= SEED_RANGE[1],
-                             "in [-2**63, 2**64 - 1]", optional=True))
+        for f in fields(self):
+            if "range" in f.metadata:
+                put(f.name, f.metadata["range"].check(f.name, getattr(self, f.name), optional=f.default is None))
+        put("top_k", -1 if self.top_k == 0 else self.top_k)
         put("stop", _strings("stop", self.stop))
         put("stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
-        put("logprobs", _integer("logprobs", self.logprobs, lambda v: 0 <= v <= MAX_LOGPROBS,
-                                 f"between 0 and {MAX_LOGPROBS}", optional=True))
-        put("n", _integer("n", self.n, lambda v: 1 <= v <= MAX_N, f"between 1 and {MAX_N}"))
         put("logit_bias", _logit_bias(self.logit_bias))
         _check(self.grammar is None or isinstance(self.grammar, str), "grammar",
                f"grammar must be a grammar string (helios.structured) or None, got {shown(self.grammar)}")
@@ -173,6 +202,11 @@ class SamplingParams:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
                 or bool(self.logit_bias))
 
+
+def sampling_ranges() -> dict[str, Range]:
+    "The numeric fields of SamplingParams and their ranges, in field order."
+    return {f.name: f.metadata["range"] for f in fields(SamplingParams) if "range" in f.metadata}
+
 # %% ../nbs/07_sampling.ipynb #3178e8a6
 class TokenLogprobs(NamedTuple):
     "The chosen token's logprob and the top alternatives at one step."
@@ -187,9 +221,8 @@ class SampledToken(NamedTuple):
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     "A request's own random stream: seeded when asked (any seed in SEED_RANGE), from fresh entropy otherwise."
-    _check(seed is None or (_is_integer(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]), "seed",
-           f"seed must be an integer in [-2**63, 2**64 - 1], got {shown(seed)}")
-    return torch.Generator(device=device).manual_seed(int(seed) if seed is not None else random.getrandbits(63))
+    seed = SEED.check("seed", seed, optional=True)
+    return torch.Generator(device=device).manual_seed(seed if seed is not None else random.getrandbits(63))
 
 
 def sample_seed(seed: int | None, index: int) -> int | None:
@@ -214,7 +247,7 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int
         logits[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
     return logits
 
-
+# %% ../nbs/07_sampling.ipynb #e3335a80
 def _keep_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     "What top-k, top-p and min-p keep (bool [R, C]). probs: [R, C] true probabilities, descending; others [R]."
     R, C = probs.shape
@@ -246,7 +279,7 @@ def draw_uniforms(params: list[SamplingParams], generators: list[torch.Generator
     return [None if p.greedy else 1 - torch.rand(1, generator=g, dtype=torch.float64, device=device)
             for p, g in zip(params, generators)]
 
-
+# %% ../nbs/07_sampling.ipynb #3c176387
 MASK_BITS = 32  # tokens per int32 word of a token mask
 
 
@@ -265,7 +298,7 @@ def apply_token_masks(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return logits
 
-
+# %% ../nbs/07_sampling.ipynb #f5b6ee0d
 def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], draws: list[torch.Tensor | None],
                 seen: list[list[int]], generated: list[list[int]], masks: torch.Tensor | None = None,
                 masked_rows: list[int] = ()) -> list[SampledToken]:
@@ -291,7 +324,7 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     return pick_tokens(logits, params, draw_uniforms(params, generators, logits.device), seen, generated,
                        masks, masked_rows)
 
-
+# %% ../nbs/07_sampling.ipynb #a98a82e9
 def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
     "Temperature, the filters, then an inverse-CDF pick at each row's uniform u [R]. logits: [R, V] -> [R]."
     (R, V), device = logits.shape, logits.device

@@ -4,11 +4,14 @@
     python scripts/build_readme.py --check   # exit 1 if README.md differs from what the notebook gives
 
 Markdown cells are copied with their relative links re-rooted from nbs/ to the repository root;
-code cells become ```python blocks without their `#|` directives; `#| hide` cells are left out.
+code cells become ```python blocks without their `#|` directives; `#| hide` cells are left out; an
+`#| echo: false` cell is run and the markdown its last expression shows is copied (the settings table,
+made from EngineConfig's fields).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import posixpath
 import re
@@ -30,11 +33,23 @@ def reroot(markdown: str) -> str:
     return re.sub(r"\]\(([^)\s]+)\)", fix, markdown)
 
 
+def shown_markdown(code: str) -> str:
+    "Run a cell's code from the repository root; the markdown of its last expression (an IPython Markdown)."
+    if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))  # this checkout's helios, not an installed one
+    tree = ast.parse(code)
+    last = ast.Expression(tree.body.pop().value)
+    namespace: dict = {}
+    exec(compile(tree, "<index cell>", "exec"), namespace)
+    value = eval(compile(last, "<index cell>", "eval"), namespace)
+    return value._repr_markdown_() if hasattr(value, "_repr_markdown_") else str(value)
+
+
 def code_block(source: str) -> str | None:
     lines = source.splitlines()
     directives = [l for l in lines if l.startswith("#|")]
     if any(re.match(r"#\|\s*(hide|include:\s*false)", d) for d in directives): return None
     code = "\n".join(l for l in lines if not l.startswith("#|")).strip("\n")
+    if any(re.match(r"#\|\s*echo:\s*false", d) for d in directives): return shown_markdown(code)
     return f"```python\n{code}\n```" if code else None
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'ROLES', 'ROLE_RULES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'SERVER_SAMPLING', 'ROLES', 'ROLE_RULES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
 import re
@@ -14,8 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
                       ValidationError, ValidationInfo, field_validator, model_validator)
 
-from ..sampling import (MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, SEED_RANGE, InvalidParam,
-                             SamplingParams, shown)
+from ..sampling import MAX_LOGPROBS, InvalidParam, SamplingParams, shown
 from .errors import APIError, validation_error
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -154,33 +153,42 @@ TemplateKwargs = Annotated[dict[str, Any], Field(max_length=MAX_TEMPLATE_KWARGS)
                                                     "not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}})]
 
 # %% ../../nbs/13_server.ipynb #edced9ac
+import dataclasses
+
+from pydantic import create_model
+
+from ..sampling import LOGIT_BIAS, Range, sampling_ranges
+
+
 class StreamOptions(BaseModel):
     include_usage: StrictBool | None = None
 
 
-class _SamplingFields(BaseModel):
+def _ranged_field(r: Range) -> tuple:
+    "A JSON number (or integer) that may be null, with its range documented; SamplingParams enforces it."
+    return Annotated[StrictInt if r.integer else Finite, documented(**r.schema())] | None, None
+
+
+SERVER_SAMPLING = ("max_tokens", "logprobs")  # SamplingParams fields the server decides from more than the body
+_RANGES = sampling_ranges()
+# the numeric sampling fields, made from SamplingParams' ranges (chapter 07): a new one is a field here too
+_RangedFields = create_model("_RangedFields", __config__=ConfigDict(extra="ignore"),
+                             **{name: _ranged_field(r) for name, r in _RANGES.items() if name not in SERVER_SAMPLING})
+
+
+class _SamplingFields(_RangedFields):
     "Fields shared by completions and chat; ranges are SamplingParams' (chapter 07), types are checked here."
     model_config = ConfigDict(extra="ignore")
     # every field may be null, which means its default (SamplingParams' own), as OpenAI's API reads it
     model: str | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[Finite, documented(minimum=0, maximum=MAX_TEMPERATURE)] | None = None
-    top_p: Annotated[Finite, documented(exclusiveMinimum=0, maximum=1)] | None = None
-    top_k: Annotated[StrictInt, documented(minimum=-1)] | None = None
-    min_p: Annotated[Finite, documented(minimum=0, maximum=1)] | None = None
-    presence_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] | None = None
-    frequency_penalty: Annotated[Finite, documented(minimum=-2, maximum=2)] | None = None
-    repetition_penalty: Annotated[Finite, documented(minimum=REPETITION_PENALTY_RANGE[0],
-                                                     maximum=REPETITION_PENALTY_RANGE[1])] | None = None
-    seed: Annotated[StrictInt, documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=_RANGES["max_tokens"].low)] | None = None
     stop: Stop | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: StrictBool | None = None
-    n: Annotated[StrictInt, documented(minimum=1, maximum=MAX_N)] | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: Annotated[dict[str, Annotated[Finite, documented(minimum=-100, maximum=100)]],
+    logit_bias: Annotated[dict[str, Annotated[Finite, documented(**LOGIT_BIAS.schema())]],
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
     response_format: ResponseFormat | None = None
     timings: StrictBool | None = None   # an extension: per-request timings in the response (see "Timings")
@@ -382,13 +390,13 @@ def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
         raise validation_error(e.errors(include_url=False)) from None
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "logit_bias")
+# the body's fields that SamplingParams takes as they are: every one of its fields but the server's own
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) - set(SERVER_SAMPLING)
 
 
 def sampling_params(body: _SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
     "SamplingParams from a validated body (null or absent: its default); out of range: a 400 naming the field."
-    given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
+    given = {name: value for name, value in body if name in SAMPLING_FIELDS and value is not None}
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **given)
     except InvalidParam as e:

@@ -56,11 +56,11 @@ def test_prefill_order_and_warm_up_flags(monkeypatch):
 
 
 def test_speculative_flags_reach_the_engine_config():
-    from helios.cli import ENGINE_ARGS, build_parser
+    from helios.cli import build_parser, engine_settings
     from helios.config import EngineConfig
     args = build_parser().parse_args(["serve", "--speculative", "ngram", "--speculative-tokens", "6",
                                       "--speculative-ngram-min", "1", "--speculative-ngram-max", "3"])
-    config = EngineConfig.from_env({}, **{k: getattr(args, k) for k in ENGINE_ARGS})
+    config = EngineConfig.from_env({}, **engine_settings(args))
     assert (config.speculative, config.speculative_tokens, config.speculative_ngram_min, config.speculative_ngram_max) == \
         ("ngram", 6, 1, 3)
     assert build_parser().parse_args(["serve"]).speculative is None  # unset: HELIOS_SPECULATIVE, then off
