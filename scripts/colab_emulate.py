@@ -15,7 +15,8 @@ that has only what a Colab runtime brings (tests/integration/test_colab.py runs 
    that protobuf and others share). So the first chapter's install cell installs the wheel with its dependencies
    from the package registry into the environment, and later chapters find them there.
 
-It stops at the first chapter that fails and prints `FAILED <chapter>: <error>`; it exits 1 then, else 0. Times per
+It stops at the first chapter that fails (or, with --keep-going, runs on) and prints `FAILED <chapter>: <error>`;
+it exits 1 if a chapter failed, else 0. Times per
 chapter and in all go to stdout.
 """
 from __future__ import annotations
@@ -102,10 +103,10 @@ def run_chapter(path: Path, wheel: Path) -> None:
         NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
 
 
-def inside(paths: list[Path], wheel: Path) -> int:
-    "Run the chapters in order in this (the emulated) Python; stop at the first that fails."
+def inside(paths: list[Path], wheel: Path, keep_going: bool = False) -> int:
+    "Run the chapters in order in this (the emulated) Python; stop at the first that fails unless `keep_going`."
     os.environ["HELIOS_COLAB"] = "1"
-    start = time.perf_counter()
+    start, failed = time.perf_counter(), 0
     for path in paths:
         t0 = time.perf_counter()
         try:
@@ -115,20 +116,23 @@ def inside(paths: list[Path], wheel: Path) -> int:
             print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s  failed", flush=True)
             print(str(e)[-6000:], file=sys.stderr)
             print(f"FAILED {path.stem}: {error.splitlines()[0] if error else type(e).__name__}", flush=True)
+            failed += 1
+            if keep_going: continue
             return 1
         print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s", flush=True)
-    print(f"{len(paths)} chapters in {time.perf_counter() - start:.0f} s", flush=True)
-    return 0
+    print(f"{len(paths)} chapters in {time.perf_counter() - start:.0f} s, {failed} failed", flush=True)
+    return 1 if failed else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("chapters", nargs="*", help="notebook names or paths (default: every chapter)")
     parser.add_argument("--keep", action="store_true", help="keep the wheel and the environment (their folder is printed)")
+    parser.add_argument("--keep-going", action="store_true", help="run every chapter even after one fails")
     parser.add_argument("--inside", metavar="WHEEL", help=argparse.SUPPRESS)  # the second half, run in the environment
     args = parser.parse_args()
     paths = chapters(args.chapters)
-    if args.inside: return inside(paths, Path(args.inside))
+    if args.inside: return inside(paths, Path(args.inside), args.keep_going)
     folder = Path(tempfile.mkdtemp(prefix="colab-emulate-"))
     try:
         t0 = time.perf_counter()
@@ -136,6 +140,7 @@ def main() -> int:
         python = make_env(folder / "env")
         print(f"wheel and environment ready in {time.perf_counter() - t0:.0f} s ({wheel.name})", flush=True)
         cmd = [str(python), str(Path(__file__).resolve()), "--inside", str(wheel), *[str(p) for p in paths]]
+        if args.keep_going: cmd.append("--keep-going")
         return subprocess.run(cmd, env=clean_env(), cwd=folder).returncode
     finally:
         if args.keep: print(f"kept {folder}")
