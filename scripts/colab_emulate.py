@@ -4,7 +4,7 @@ that has only what a Colab runtime brings (tests/integration/test_colab.py runs 
     python scripts/colab_emulate.py                      # every chapter that runs code
     python scripts/colab_emulate.py 03a_moe 16_parallel  # some of them (names or nbs/ paths)
 
-1. `pip wheel --no-deps` builds Helios's wheel.
+1. `pip wheel --no-deps` builds Helios's wheel, from a copy of the checkout without its build leftovers.
 2. ONE fresh virtual environment gets what Colab has preinstalled that the chapters use (`COLAB_PREINSTALLED`:
    torch 2.13.0, whose CPU wheel is on disk, numpy, matplotlib, ...) and the notebook runner (ipykernel, nbclient,
    nbformat); neither Helios nor its other dependencies.
@@ -77,8 +77,16 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+# what a build leaves in the checkout, or anything else that must not reach the wheel's source copy
+NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "_site*", "_docs", "_proc", "__pycache__",
+                                    ".pytest_cache", ".ruff_cache", ".venv", "venv", ".ipynb_checkpoints")
+
+
 def build_wheel(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)], check=True)
+    "The wheel of this checkout as it is, built from a copy (setuptools' build/ in the checkout may hold stale files)."
+    source = out.parent / "source"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)], check=True)
     (wheel,) = out.glob("helios-*.whl")
     return wheel
 

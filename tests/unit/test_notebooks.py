@@ -116,3 +116,10 @@ def test_the_shipped_results_are_the_recorded_ones():
         name = f"structured/{workload}.helios.json"
         recorded = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
         assert json.loads(shipped.joinpath(name).read_text()) == {k: v for k, v in recorded.items() if k != "records"}
+
+
+
+def test_the_shipped_chat_template_is_the_tests_one():
+    "Chapters 12a and 13 render a Qwen3-shaped template; on Colab there is no tests/ folder, so the package ships it."
+    shipped = files("helios") / "data" / "chat_templates" / "qwen3_style.jinja"
+    assert shipped.read_text() == (ROOT / "tests" / "chat_templates" / "qwen3_style.jinja").read_text()
