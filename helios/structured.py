@@ -14,6 +14,7 @@ from typing import NamedTuple
 import llguidance
 import llguidance.torch
 import torch
+from fastcore.basics import patch
 
 from .sampling import MASK_BITS, Completion, InvalidParam, SampledToken, shown
 from .sampling import apply_token_masks as apply_token_masks  # re-exported: the sampler applies masks (chapter 07)
@@ -53,7 +54,7 @@ def lark_grammar(text: str) -> str:
     if not isinstance(text, str): raise InvalidParam("grammar", f"a Lark grammar must be a string, got {shown(text)}")
     return llguidance.LLMatcher.grammar_from_lark(text)
 
-# %% ../nbs/07a_structured_output.ipynb #c01e5dca
+# %% ../nbs/07a_structured_output.ipynb #836c8792
 MASK_THREADS = 1  # threads llguidance may use for one tick's masks: on a CPU, the forward needs the other cores
 
 
@@ -92,7 +93,7 @@ class GrammarMatcher:
         failure = self.violation()
         if failure: raise GrammarViolation(f"{prefix}{failure}")
 
-
+# %% ../nbs/07a_structured_output.ipynb #3aa03727
 class TokenGrammars:
     "Grammars over one model's vocabulary: checks them, and makes the matchers of a request's completions; thread-safe."
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: frozenset[int] | None = None):
@@ -127,29 +128,37 @@ class TokenGrammars:
         "What a mask treats as the end: the ids given (by default the tokenizer's), or the one llguidance picks when there are none."
         return self._eos or frozenset(self.ll_tokenizer.eos_tokens)
 
-    def _vocabulary(self, grammar: str, param: str) -> llguidance.LLTokenizer:
-        "The vocabulary to read a grammar against; InvalidParam when the grammar is not a string or no grammar can be enforced."
-        if not isinstance(grammar, str): raise InvalidParam(param, f"{param} must be a grammar string, got {shown(grammar)}")
-        try: return self.ll_tokenizer
-        except ValueError as e: raise InvalidParam(param, str(e)) from None
+# %% ../nbs/07a_structured_output.ipynb #78d6bd2f
+@patch
+def _vocabulary(self: TokenGrammars, grammar: str, param: str) -> llguidance.LLTokenizer:
+    "The vocabulary to read a grammar against; InvalidParam when the grammar is not a string or no grammar can be enforced."
+    if not isinstance(grammar, str): raise InvalidParam(param, f"{param} must be a grammar string, got {shown(grammar)}")
+    try: return self.ll_tokenizer
+    except ValueError as e: raise InvalidParam(param, str(e)) from None
 
-    def check(self, grammar: str, param: str = "response_format"):
-        "Raise InvalidParam(param, the library's reason) unless the grammar can be enforced; compiles nothing to keep."
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocabulary(grammar, param))
-        if is_error: raise InvalidParam(param, f"{param} cannot be enforced: {_reason(messages[0])}")
 
-    def matchers(self, grammar: str, n: int, param: str = "grammar") -> list[GrammarMatcher]:
-        """n matchers at the start of the grammar, one per completion: compiled once (the check: InvalidParam(param, the
-        library's reason)), copied n - 1 times. Compiling grows with the grammar: about 1 ms for a small JSON schema,
-        most of a second for one with thousands of properties, so it runs on the caller's thread."""
-        compiled = llguidance.LLMatcher(self._vocabulary(grammar, param), grammar, log_level=0)
-        if compiled.is_error(): raise InvalidParam(param, f"{param} cannot be enforced: {_reason(compiled.get_error())}")
-        first = GrammarMatcher(compiled)
-        return [first] + [first.copy() for _ in range(n - 1)]
+@patch
+def check(self: TokenGrammars, grammar: str, param: str = "response_format"):
+    "Raise InvalidParam(param, the library's reason) unless the grammar can be enforced; compiles nothing to keep."
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocabulary(grammar, param))
+    if is_error: raise InvalidParam(param, f"{param} cannot be enforced: {_reason(messages[0])}")
 
-    def matcher(self, grammar: str) -> GrammarMatcher:
-        "One fresh matcher at the start of the grammar (see matchers)."
-        return self.matchers(grammar, 1)[0]
+
+@patch
+def matchers(self: TokenGrammars, grammar: str, n: int, param: str = "grammar") -> list[GrammarMatcher]:
+    """n matchers at the start of the grammar, one per completion: compiled once (the check: InvalidParam(param, the
+    library's reason)), copied n - 1 times. Compiling grows with the grammar: about 1 ms for a small JSON schema,
+    most of a second for one with thousands of properties, so it runs on the caller's thread."""
+    compiled = llguidance.LLMatcher(self._vocabulary(grammar, param), grammar, log_level=0)
+    if compiled.is_error(): raise InvalidParam(param, f"{param} cannot be enforced: {_reason(compiled.get_error())}")
+    first = GrammarMatcher(compiled)
+    return [first] + [first.copy() for _ in range(n - 1)]
+
+
+@patch
+def matcher(self: TokenGrammars, grammar: str) -> GrammarMatcher:
+    "One fresh matcher at the start of the grammar (see matchers)."
+    return self.matchers(grammar, 1)[0]
 
 # %% ../nbs/07a_structured_output.ipynb #f86a917f
 def allocate_token_masks(rows: int, vocab_size: int) -> torch.Tensor:

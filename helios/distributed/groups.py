@@ -49,7 +49,7 @@ class ParallelLayout:
     @property
     def last_stage_root(self) -> int: return (self.pp - 1) * self.tp  # gathers the logits and sends them to rank 0
 
-# %% ../../nbs/16_parallel.ipynb #62b609f7
+# %% ../../nbs/16_parallel.ipynb #5a58a41e
 def _backend(name: str, store, rank: int, size: int, timeout: datetime.timedelta):
     "A torch.distributed backend object of its own (no default group): gloo on CPUs, nccl on CUDA GPUs."
     if name == "gloo": return dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -96,7 +96,7 @@ class Communicator:
         self._wait(self.backend.recv([t], frm, tag))
         return t
 
-
+# %% ../../nbs/16_parallel.ipynb #0dd2f75b
 @dataclass(frozen=True)
 class Groups:
     "A rank's two groups: every rank (the tick's plan, activations between stages) and its stage's tensor-parallel ranks."

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
+from fastcore.basics import patch
 
 from ..attention.base import AttentionBackend, PagedKV, Timer
 from ..kv.batch import build_paged_batch, logit_indices
@@ -85,7 +86,7 @@ def receive_tick(world: Communicator) -> TickInputs | None:
                                           device=world.device))
     return TickInputs.unpack(header, payload.cpu())
 
-# %% ../../nbs/16_parallel.ipynb #0d056b32
+# %% ../../nbs/16_parallel.ipynb #3ee93b34
 class StageRunner:
     """One rank's share of a tick: for each micro-batch, its stage's layers over the rank's heads, between a receive
     from the stage before and a send to the stage after (sends do not wait, so stages overlap micro-batches)."""
@@ -109,38 +110,40 @@ class StageRunner:
         logits = m.lm_head(m.model.norm(x))
         return None if logits is None else logits[0]
 
-    def run(self, inputs: TickInputs, timer: Timer | None = None) -> torch.Tensor | None:
-        "The tick's logits [sum of num_logits, vocab] on rank 0 (None on the other ranks)."
-        L, world = self.layout, self.groups.world
-        offsets = [0, *accumulate(inputs.lengths)]
-        outs, pending = [], []
+# %% ../../nbs/16_parallel.ipynb #22350b11
+@patch
+def run(self: StageRunner, inputs: TickInputs, timer: Timer | None = None) -> torch.Tensor | None:
+    "The tick's logits [sum of num_logits, vocab] on rank 0 (None on the other ranks)."
+    L, world = self.layout, self.groups.world
+    offsets = [0, *accumulate(inputs.lengths)]
+    outs, pending = [], []
+    for j, chunks in enumerate(inputs.micro_batches):
+        a, b = chunks.start, chunks.stop
+        batch = build_paged_batch(inputs.page_tables[a:b].to(self.device), inputs.starts[a:b],
+                                  inputs.lengths[a:b], self.kv.page_size)
+        sampling = [i - a for i in chunks if inputs.num_logits[i]]
+        num_logits = [inputs.num_logits[i] for i in chunks if inputs.num_logits[i]]
+        every_token = sum(num_logits) == offsets[b] - offsets[a]
+        rows = None if every_token else logit_indices(batch.logits_indices, sampling, num_logits).to(self.device)
+        x = None
+        if not L.first_stage:
+            x = world.recv(torch.empty(1, offsets[b] - offsets[a], self.hidden_size, dtype=self.dtype,
+                                       device=self.device), L.prev_rank, j)
+        ids = inputs.token_ids[offsets[a]:offsets[b]].to(self.device)
+        y = self._forward(ids, batch.positions, x, PagedKV(self.kv, batch, self.backend, timer), rows)
+        if not L.last_stage: pending.append((world.send(y, L.next_rank, j), y))
+        elif y is not None: outs.append((j, y))
+    if L.rank != 0:  # the last stage's logits go back after its last micro-batch: with two stages, rank 0 sends
+        for j, y in outs:  # to the same rank it receives from, and NCCL runs one pair's transfers in order
+            if len(y): pending.append((world.send(y, 0, LOGITS_TAG + j), y))
+    for work, _ in pending: work.wait()
+    if L.rank != 0: return None
+    if not L.last_stage:  # rank 0 runs the first stage: the logits come from the last one
         for j, chunks in enumerate(inputs.micro_batches):
-            a, b = chunks.start, chunks.stop
-            batch = build_paged_batch(inputs.page_tables[a:b].to(self.device), inputs.starts[a:b],
-                                      inputs.lengths[a:b], self.kv.page_size)
-            sampling = [i - a for i in chunks if inputs.num_logits[i]]
-            num_logits = [inputs.num_logits[i] for i in chunks if inputs.num_logits[i]]
-            every_token = sum(num_logits) == offsets[b] - offsets[a]
-            rows = None if every_token else logit_indices(batch.logits_indices, sampling, num_logits).to(self.device)
-            x = None
-            if not L.first_stage:
-                x = world.recv(torch.empty(1, offsets[b] - offsets[a], self.hidden_size, dtype=self.dtype,
-                                           device=self.device), L.prev_rank, j)
-            ids = inputs.token_ids[offsets[a]:offsets[b]].to(self.device)
-            y = self._forward(ids, batch.positions, x, PagedKV(self.kv, batch, self.backend, timer), rows)
-            if not L.last_stage: pending.append((world.send(y, L.next_rank, j), y))
-            elif y is not None: outs.append((j, y))
-        if L.rank != 0:  # the last stage's logits go back after its last micro-batch: with two stages, rank 0 sends
-            for j, y in outs:  # to the same rank it receives from, and NCCL runs one pair's transfers in order
-                if len(y): pending.append((world.send(y, 0, LOGITS_TAG + j), y))
-        for work, _ in pending: work.wait()
-        if L.rank != 0: return None
-        if not L.last_stage:  # rank 0 runs the first stage: the logits come from the last one
-            for j, chunks in enumerate(inputs.micro_batches):
-                k = sum(inputs.num_logits[i] for i in chunks)
-                if k: outs.append((j, world.recv(torch.empty(k, self.vocab_size, device=self.device),
-                                                 L.last_stage_root, LOGITS_TAG + j)))
-        return torch.cat([y for _, y in outs]) if outs else torch.empty(0, self.vocab_size, device=self.device)
+            k = sum(inputs.num_logits[i] for i in chunks)
+            if k: outs.append((j, world.recv(torch.empty(k, self.vocab_size, device=self.device),
+                                             L.last_stage_root, LOGITS_TAG + j)))
+    return torch.cat([y for _, y in outs]) if outs else torch.empty(0, self.vocab_size, device=self.device)
 
 
 def serve_ticks(stage: StageRunner, world: Communicator):

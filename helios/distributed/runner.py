@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fastcore.basics import patch
 
 from ..attention.base import AttentionBackend, Timer
 from ..config import EngineConfig
@@ -47,7 +48,7 @@ def agree_num_pages(loaded: LoadedModel, config: EngineConfig, groups: Groups) -
                                  kv_dtype(config, loaded.dtype))
     return int(groups.world.all_reduce(torch.tensor([pages], device=groups.world.device), dist.ReduceOp.MIN).item())
 
-# %% ../../nbs/16_parallel.ipynb #4755626e
+# %% ../../nbs/16_parallel.ipynb #cee7a159
 class ParallelRunner:
     """Rank 0's model runner: sends each tick's `TickInputs` to every rank, runs its own stage, and returns the
     logits. Any failure is fatal (`FatalEngineError`): after it the ranks no longer agree on what runs next."""
@@ -88,29 +89,35 @@ class ParallelRunner:
             time.sleep(0.05)
         return f"a tick failed across the ranks ({type(error).__name__}: {str(error)[:200]})"
 
-    def release(self, seq: Sequence):
-        "Page tables travel whole with each tick: nothing is kept per sequence."
+# %% ../../nbs/16_parallel.ipynb #80b85172
+@patch
+def release(self: ParallelRunner, seq: Sequence):
+    "Page tables travel whole with each tick: nothing is kept per sequence."
 
-    def watch(self, on_lost):
-        "Call on_lost(reason) from a watcher thread if a worker process exits before close()."
-        def loop():
-            while not self._closed.wait(0.2):
-                for rank, p in enumerate(self.processes, start=1):
-                    if p.exitcode is not None and not self._closed.is_set():
-                        if not self._failed:  # else a tick found it first, and the engine has stopped already
-                            self._failed = f"worker rank {rank} exited with code {p.exitcode}"
-                            on_lost(self._failed)
-                        return
-        if self.processes: threading.Thread(target=loop, name="helios-rank-watcher", daemon=True).start()
 
-    def close(self):
-        "Tell every rank to stop, wait for the workers this process started, and end any that linger."
-        if self._closed.is_set(): return
-        self._closed.set()
-        if not self._failed:
-            try: broadcast_tick(self.groups.world, None)
-            except Exception: pass  # a rank already gone: the workers below are ended anyway
-        stop_processes(self.processes)
+@patch
+def watch(self: ParallelRunner, on_lost):
+    "Call on_lost(reason) from a watcher thread if a worker process exits before close()."
+    def loop():
+        while not self._closed.wait(0.2):
+            for rank, p in enumerate(self.processes, start=1):
+                if p.exitcode is not None and not self._closed.is_set():
+                    if not self._failed:  # else a tick found it first, and the engine has stopped already
+                        self._failed = f"worker rank {rank} exited with code {p.exitcode}"
+                        on_lost(self._failed)
+                    return
+    if self.processes: threading.Thread(target=loop, name="helios-rank-watcher", daemon=True).start()
+
+
+@patch
+def close(self: ParallelRunner):
+    "Tell every rank to stop, wait for the workers this process started, and end any that linger."
+    if self._closed.is_set(): return
+    self._closed.set()
+    if not self._failed:
+        try: broadcast_tick(self.groups.world, None)
+        except Exception: pass  # a rank already gone: the workers below are ended anyway
+    stop_processes(self.processes)
 
 
 def stop_processes(processes, wait_s: float = STOP_WAIT_S):

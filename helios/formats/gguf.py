@@ -7,7 +7,7 @@ from __future__ import annotations
 # %% auto #0
 __all__ = ['GGUF_MAGIC', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'load_gguf_tensors']
 
-# %% ../../nbs/04_weights.ipynb #51138304
+# %% ../../nbs/04_weights.ipynb #2d518522
 import mmap
 import os
 import struct
@@ -32,7 +32,7 @@ class GGUFTensor(NamedTuple):
     ggml_type: int
     data: np.ndarray         # raw bytes [rows, bytes per row] (float types: their dtype)
 
-
+# %% ../../nbs/04_weights.ipynb #fffaaa26
 class GGUFFile:
     "Metadata and memory-mapped tensors of a GGUF file."
     def __init__(self, path: str | os.PathLike):
@@ -126,7 +126,7 @@ def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
     head_dim = w.shape[0] // num_heads
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-# %% ../../nbs/04_weights.ipynb #a34351c5
+# %% ../../nbs/04_weights.ipynb #ea8f3848
 def _moe_from_gguf(get, num_layers: int, names: set[str]) -> MoEConfig | None:
     "The experts of a qwen3moe file: every layer with an `ffn_gate_inp` router has them."
     if not get("expert_count"): return None
@@ -172,7 +172,7 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (eos,), moe=moe)
 
-
+# %% ../../nbs/04_weights.ipynb #5efa4c62
 def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                       keep_float32: tuple[str, ...] = (), select=None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),

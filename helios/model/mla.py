@@ -11,6 +11,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 import torch
+from fastcore.basics import patch
 from torch import nn
 
 from ..config import ModelConfig, YarnScaling
@@ -89,7 +90,7 @@ def softmax_scale(cfg: ModelConfig) -> float:
     scale = cfg.mla.qk_head_dim ** -0.5
     return scale * cfg.rope_scaling.softmax_factor if isinstance(cfg.rope_scaling, YarnScaling) else scale
 
-# %% ../../nbs/03b_mla.ipynb #75b4b57f
+# %% ../../nbs/03b_mla.ipynb #08100e34
 class MLAttention(nn.Module):
     "DeepSeek's multi-head latent attention; the kv object keeps one row [latent | rope key] per token."
     def __init__(self, cfg: ModelConfig, layer_idx: int, form: str = "auto"):
@@ -131,33 +132,37 @@ class MLAttention(nn.Module):
         attention = absorbed_attention if form == "absorbed" else expanded_attention
         return attention(q, latents.to(q.dtype), self.k_up, self.v_up, self.scale)  # (pages may hold another dtype)
 
-    def attend_cached(self, q: torch.Tensor, rows: torch.Tensor, kv) -> torch.Tensor:
-        """Through the kv object: the sequences cheaper absorbed in one batched call (all of them: one `attend`),
-        the ones cheaper expanded each over its own gathered context."""
-        lengths = kv.lengths(q.shape[1])
-        forms = [self.form_for(n, c) for n, c in lengths]
-        if all(form == "absorbed" for form in forms):
-            weighted = kv.attend(self.layer_idx, absorb_queries(q, self.k_up), rows, scale=self.scale)  # [B, T, H, r]
-            return torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
-        kv.store(self.layer_idx, rows)
-        out = q.new_empty(*q.shape[:3], self.v_dim)                                                   # [B, T, H, v]
-        absorbed = [i for i, form in enumerate(forms) if form == "absorbed"]
-        if absorbed:  # forms differ only within one packed row (B = 1): those sequences' tokens, in order
-            starts = [0, *accumulate(n for n, _ in lengths)]
-            tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in absorbed]).to(q.device)
-            weighted = kv.attend_stored(self.layer_idx, absorb_queries(q[:, tokens], self.k_up), absorbed, self.scale)
-            out[:, tokens] = torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
-        expanded = [i for i, form in enumerate(forms) if form == "expanded"]
-        for seq in kv.contexts(self.layer_idx, seqs=expanded):
-            queries = slice(seq.start, seq.start + seq.length)
-            out[seq.row, queries] = self.attend(q[seq.row, queries][None], seq.keys[None], "expanded")[0]
-        return out
+# %% ../../nbs/03b_mla.ipynb #d4b88d3f
+@patch
+def attend_cached(self: MLAttention, q: torch.Tensor, rows: torch.Tensor, kv) -> torch.Tensor:
+    """Through the kv object: the sequences cheaper absorbed in one batched call (all of them: one `attend`),
+    the ones cheaper expanded each over its own gathered context."""
+    lengths = kv.lengths(q.shape[1])
+    forms = [self.form_for(n, c) for n, c in lengths]
+    if all(form == "absorbed" for form in forms):
+        weighted = kv.attend(self.layer_idx, absorb_queries(q, self.k_up), rows, scale=self.scale)  # [B, T, H, r]
+        return torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
+    kv.store(self.layer_idx, rows)
+    out = q.new_empty(*q.shape[:3], self.v_dim)                                                   # [B, T, H, v]
+    absorbed = [i for i, form in enumerate(forms) if form == "absorbed"]
+    if absorbed:  # forms differ only within one packed row (B = 1): those sequences' tokens, in order
+        starts = [0, *accumulate(n for n, _ in lengths)]
+        tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in absorbed]).to(q.device)
+        weighted = kv.attend_stored(self.layer_idx, absorb_queries(q[:, tokens], self.k_up), absorbed, self.scale)
+        out[:, tokens] = torch.einsum("bthr,hvr->bthv", weighted, self.v_up)
+    expanded = [i for i, form in enumerate(forms) if form == "expanded"]
+    for seq in kv.contexts(self.layer_idx, seqs=expanded):
+        queries = slice(seq.start, seq.start + seq.length)
+        out[seq.row, queries] = self.attend(q[seq.row, queries][None], seq.keys[None], "expanded")[0]
+    return out
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
-        B, T, _ = x.shape                                                   # x: [B, T, hidden]
-        q, rows = self.project(x, cos, sin)
-        out = self.attend(q, rows, self.form_for(T, T)) if kv is None else self.attend_cached(q, rows, kv)
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.v_dim))
+
+@patch
+def forward(self: MLAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
+    B, T, _ = x.shape                                                   # x: [B, T, hidden]
+    q, rows = self.project(x, cos, sin)
+    out = self.attend(q, rows, self.form_for(T, T)) if kv is None else self.attend_cached(q, rows, kv)
+    return self.o_proj(out.reshape(B, T, self.num_heads * self.v_dim))
 
 # %% ../../nbs/03b_mla.ipynb #d468be3a
 def interleaved_to_halves(dim: int) -> torch.Tensor:

@@ -1,0 +1,159 @@
+"""Run the chapters as Colab would: each notebook alone in an empty folder, a wheel of Helios beside it, in a Python
+that has only what a Colab runtime brings (tests/integration/test_colab.py runs it in CI).
+
+    python scripts/colab_emulate.py                      # every chapter that runs code
+    python scripts/colab_emulate.py 03a_moe 16_parallel  # some of them (names or nbs/ paths)
+
+1. `pip wheel --no-deps` builds Helios's wheel, from a copy of the checkout without its build leftovers.
+2. ONE fresh virtual environment gets what Colab has preinstalled that the chapters use (`COLAB_PREINSTALLED`:
+   torch 2.13.0, whose CPU wheel is on disk, numpy, matplotlib, ...) and the notebook runner (ipykernel, nbclient,
+   nbformat); neither Helios nor its other dependencies.
+3. Each chapter is copied into an empty temporary folder with the wheel beside it and executed there by nbclient in
+   that environment, skipping the cells nbdev-test skips (`#| notest`, `#| slow`, `#| gpu`, `#| eval: false`).
+   The install cell acts as on Colab because HELIOS_COLAB=1 is in the kernel's environment (a stub `google.colab`
+   would have to be imported into every kernel before the cell runs, and would shadow the real `google` namespace
+   that protobuf and others share). So the first chapter's install cell installs the wheel with its dependencies
+   from the package registry into the environment, and later chapters find them there.
+
+It stops at the first chapter that fails (or, with --keep-going, runs on) and prints `FAILED <chapter>: <error>`;
+it exits 1 if a chapter failed, else 0. Times per
+chapter and in all go to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a Colab runtime ships that a chapter imports (torch from the CPU wheel on disk, never a plain `torch`)
+COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "matplotlib", "ipywidgets", "httpx", "jsonschema", "openai"]
+RUNNER = ["ipykernel", "nbclient", "nbformat"]
+SKIP_FLAGS = {"notest", "slow", "gpu"}  # pyproject.toml's [tool.nbdev] tst_flags
+CELL_TIMEOUT_S = 1200
+
+
+def directives(source: str) -> dict[str, list[str]]:
+    "A cell's leading `#| key value...` lines, as nbdev reads them: `{'export': ['engine'], 'eval:': ['false']}`."
+    found = {}
+    for line in source.splitlines():
+        if not line.strip(): continue
+        m = re.match(r"\s*#\|\s*(\S+)\s*(.*)", line)
+        if m is None: break
+        found[m.group(1)] = m.group(2).split()
+    return found
+
+
+def skipped(cell: dict) -> bool:
+    "nbdev-test's rule: only code cells run, and none flagged with a test flag or `#| eval: false`."
+    if cell["cell_type"] != "code": return True
+    found = directives("".join(cell["source"]))
+    return bool(SKIP_FLAGS & found.keys()) or found.get("eval:", [""])[0].lower() == "false"
+
+
+def chapters(names: list[str]) -> list[Path]:
+    "The notebooks named (`03a_moe`, `nbs/03a_moe.ipynb`), else every one that runs code."
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from colab_cell import notebooks
+    every = notebooks()
+    if not names: return every
+    by_name = {p.stem: p for p in every}
+    unknown = [n for n in names if Path(n).stem not in by_name]
+    if unknown: raise SystemExit(f"no chapter named {', '.join(unknown)}; chapters: {', '.join(by_name)}")
+    return [by_name[Path(n).stem] for n in names]
+
+
+def clean_env() -> dict[str, str]:
+    "This process's environment without what would let the kernel import this checkout or another environment."
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    active = os.environ.get("VIRTUAL_ENV")
+    if active: env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(active))
+    return env
+
+
+# what a build leaves in the checkout, or anything else that must not reach the wheel's source copy
+NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "_site*", "_docs", "_proc", "__pycache__",
+                                    ".pytest_cache", ".ruff_cache", ".venv", "venv", ".ipynb_checkpoints")
+
+
+def build_wheel(out: Path) -> Path:
+    "The wheel of this checkout as it is, built from a copy (setuptools' build/ in the checkout may hold stale files)."
+    source = out.parent / "source"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)], check=True)
+    (wheel,) = out.glob("helios-*.whl")
+    return wheel
+
+
+def make_env(folder: Path) -> Path:
+    "A fresh virtual environment with Colab's preinstalled packages and the runner; its python."
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *COLAB_PREINSTALLED, *RUNNER], check=True, env=clean_env())
+    return python
+
+
+def run_chapter(path: Path, wheel: Path) -> None:
+    "Inside the environment: the notebook alone in an empty folder with the wheel, executed there as on Colab."
+    import nbformat
+    from nbclient import NotebookClient
+    with tempfile.TemporaryDirectory(prefix=f"colab-{path.stem}-") as work:
+        work = Path(work)
+        shutil.copy(path, work / path.name); shutil.copy(wheel, work / wheel.name)
+        nb = nbformat.read(work / path.name, as_version=4)
+        nb.cells = [c for c in nb.cells if not skipped(c)]
+        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+
+
+def inside(paths: list[Path], wheel: Path, keep_going: bool = False) -> int:
+    "Run the chapters in order in this (the emulated) Python; stop at the first that fails unless `keep_going`."
+    os.environ["HELIOS_COLAB"] = "1"
+    start, failed = time.perf_counter(), 0
+    for path in paths:
+        t0 = time.perf_counter()
+        try:
+            run_chapter(path, wheel)
+        except Exception as e:  # nbclient's CellExecutionError carries the cell and its traceback
+            error = getattr(e, "ename", type(e).__name__) + ": " + str(getattr(e, "evalue", "") or e).strip()
+            print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s  failed", flush=True)
+            print(str(e)[-6000:], file=sys.stderr)
+            print(f"FAILED {path.stem}: {error.splitlines()[0] if error else type(e).__name__}", flush=True)
+            failed += 1
+            if keep_going: continue
+            return 1
+        print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s", flush=True)
+    print(f"{len(paths)} chapters in {time.perf_counter() - start:.0f} s, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="notebook names or paths (default: every chapter)")
+    parser.add_argument("--keep", action="store_true", help="keep the wheel and the environment (their folder is printed)")
+    parser.add_argument("--keep-going", action="store_true", help="run every chapter even after one fails")
+    parser.add_argument("--inside", metavar="WHEEL", help=argparse.SUPPRESS)  # the second half, run in the environment
+    args = parser.parse_args()
+    paths = chapters(args.chapters)
+    if args.inside: return inside(paths, Path(args.inside), args.keep_going)
+    folder = Path(tempfile.mkdtemp(prefix="colab-emulate-"))
+    try:
+        t0 = time.perf_counter()
+        wheel = build_wheel(folder / "dist")
+        python = make_env(folder / "env")
+        print(f"wheel and environment ready in {time.perf_counter() - t0:.0f} s ({wheel.name})", flush=True)
+        cmd = [str(python), str(Path(__file__).resolve()), "--inside", str(wheel), *[str(p) for p in paths]]
+        if args.keep_going: cmd.append("--keep-going")
+        return subprocess.run(cmd, env=clean_env(), cwd=folder).returncode
+    finally:
+        if args.keep: print(f"kept {folder}")
+        else: shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
