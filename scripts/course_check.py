@@ -10,7 +10,7 @@ A *core* chapter is one numbered 00 to 13 without a letter (the path of a reques
 model, weights, tokenizer, KV cache, sampling, paged pool, prefix cache, scheduler, engine, LLM, server). A *forward reference* is a chapter number
 named in a core chapter's markdown ("chapter 16", "appendix 92", a link to `16_parallel.ipynb`) that comes
 after the chapter itself; the one place a core chapter may point ahead is its closing section, headed
-`## Where this goes next`. A *figure cell* is a code cell that draws with matplotlib (`plt.` or `.plot(`
+`## Where this goes next`. A *figure cell* is a code cell that draws with matplotlib (`plt.`, `.plot(` or `plot_runs(`
 in its source); its committed output must hold the PNG, so a reader sees the figure before running anything
 (`make figures` refreshes them).
 """
@@ -33,7 +33,7 @@ _NUM = r"\d\d[a-z]?"
 _SEP = r"(?:\s*,\s*|\s+and\s+|\s+or\s+|\s*[–—-]\s*|\s+to\s+)"
 NAMED = re.compile(rf"(?i)\b(?:chapters?|appendix|appendices)\s+({_NUM}(?:{_SEP}{_NUM})*)\b")
 LINKED = re.compile(rf"\b({_NUM})_[a-z0-9_]+\.(?:ipynb|html)")
-FIGURE = re.compile(r"\bplt\.|\.plot\(")
+FIGURE = re.compile(r"\bplt\.|\.plot\(|\bplot_runs\(")  # plot_runs: chapter 14's latency and throughput plots
 
 
 def chapter_of(label: str) -> Chapter | None:
