@@ -94,6 +94,7 @@ PROTECTED = re.compile("|".join([
     r"(`+)(?:.+?)\1",                                     # inline code
     r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\([^)\s]*(?:\s+\"[^\"]*\")?\)",  # a link or image
     r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\[[^\]]*\]",       # a reference link
+    r"<a\b[^>]*>.*?</a>",                                 # an HTML link, its text too
     r"<[^>\n]+>",                                         # an HTML tag or autolink
     r"https?://\S+",                                      # a bare URL
 ]), re.M | re.S)

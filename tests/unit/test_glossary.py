@@ -16,7 +16,7 @@ def fake_course():
     first = {"cells": [
         md("# The KV cache\n\n## Why a KV cache"),                          # a heading is no use
         code("# the KV cache of a prefill\ncache = KVCache()"),              # nor is code
-        md("The `KV cache` and [our KV cache](06_kv_cache.ipynb) and <b>KV cache</b> are no uses.\n"
+        md("The `KV cache` and [our KV cache](06_kv_cache.ipynb) and <a href=\"x.html\">KV cache</a> are no uses.\n"
            "```\nKV cache in a fence\n```\nA KV cache keeps keys; the KV cache is reused at prefill."),
     ]}
     second = {"cells": [md("Every KV cache and every prefill here are later uses.")]}
