@@ -338,9 +338,11 @@ def tpot_s(metrics):
 
 # ---- 12 LLM ----
 
-def check_answer_all(fn, llm):
+def check_answer_all(fn, llm=None):
     "fn(llm, prompts, max_tokens) gives the greedy text of each prompt, as llm.generate gives it for the prompt alone."
-    from helios import SamplingParams
+    from helios import LLM, SamplingParams
+    if llm is None:  # the default model, on an engine of its own
+        with LLM(quiet=True) as own: return check_answer_all(fn, own)
     prompts, max_tokens = ["The capital of France is", "1, 2, 3,", "def fib(n):"], 6
     want = [llm.generate(p, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0].text for p in prompts]
     got = fn(llm, prompts, max_tokens)
@@ -466,7 +468,7 @@ EXERCISES = (
     Exercise("12", "Many prompts, one call",
              "Write `answer_all(llm, prompts, max_tokens)`: the greedy completion text of every prompt, in order, "
              "from a single `generate` call (the engine batches them). The check compares them with each prompt "
-             "run alone, on this chapter's `llm`.",
+             "run alone, on an `LLM` of the default model that it starts and closes.",
              "def answer_all(llm, prompts, max_tokens):\n    raise NotImplementedError  # your code here",
              check_answer_all, answer_all),
     Exercise("13", "Reading a stream",
@@ -476,7 +478,6 @@ EXERCISES = (
              "def sse_text(lines):\n    raise NotImplementedError  # your code here",
              check_sse_text, sse_text),
 )
-CHECK_ARGS = {"answer_all": ", llm"}  # the check of chapter 12 runs on the chapter's own LLM
 
 
 # ---- the cells ----
@@ -503,7 +504,7 @@ def source_of(fn: Callable) -> str:
 
 
 def exercise_cells(ex: Exercise, index: int, first: bool) -> list[dict]:
-    call = f"{ex.check.__name__}({ex.name}{CHECK_ARGS.get(ex.name, '')})"
+    call = f"{ex.check.__name__}({ex.name})"
     ids = [cell_id(ex.chapter, index, part) for part in range(5)]
     head = f"{HEADING}\n\n{INTRO}\n\n" if first else ""
     return [markdown(ids[0], f"{head}**{ex.title}.** {ex.task}"),
