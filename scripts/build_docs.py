@@ -51,6 +51,14 @@ def notebooks() -> list[Path]:
     return [NBS / "index.ipynb", *chapters]
 
 
+APPENDED_PAGES = ("glossary.ipynb",)  # pages of prose without a number, after the chapters
+
+
+def site_notebooks() -> list[Path]:
+    "The site's pages in the sidebar's order: the notebooks above, then the glossary."
+    return notebooks() + [NBS / name for name in APPENDED_PAGES if (NBS / name).exists()]
+
+
 def page_name(nb_path: Path) -> str:
     "nbdev's page name for a notebook (08_paged_pool.ipynb -> paged_pool.html), as module docstrings link it."
     return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb_path.stem) + ".html"
@@ -246,7 +254,8 @@ def render_notebook(nb: dict, outputs: list, stem: str, images: list) -> str:
 def short_title(nb_path: Path, title: str) -> str:
     "The sidebar's text for a notebook: its number and its title, without markdown."
     title = title.replace("`", "")
-    return "Introduction" if nb_path.stem == "index" else f"{nb_path.stem.split('_')[0]} · {title}"
+    if nb_path.stem == "index": return "Introduction"
+    return f"{nb_path.stem.split('_')[0]} · {title}" if re.match(r"\d", nb_path.stem) else title
 
 
 def page(title: str, body: str, nav: list[tuple[str, str]], current: str, prev_next: str = "", source_links: str = "") -> str:
@@ -456,7 +465,7 @@ footer { margin-top: 2rem; color: var(--muted); font-size: 13px; }
 
 def build(out: Path, jobs: int, cache: Path | None) -> dict:
     from pygments.formatters import HtmlFormatter
-    paths = notebooks()
+    paths = site_notebooks()
     if not paths[0].exists(): raise SystemExit("nbs/index.ipynb is missing")
     nbs = {p: json.loads(p.read_text()) for p in paths}
     titles = {p: notebook_title(nbs[p]) for p in paths}
@@ -513,7 +522,7 @@ def main():
     args = ap.parse_args()
     if args.execute: return execute_notebook(args.execute.resolve(), args.to.resolve())
     start = time.perf_counter()
-    print(f"running {len(notebooks())} notebooks ({args.jobs} at a time):")
+    print(f"running {len(site_notebooks())} notebooks ({args.jobs} at a time):")
     try:
         timings = build(args.out.resolve(), args.jobs, args.cache)
     except ChapterFailed as e:
