@@ -4,8 +4,8 @@
     python scripts/glossary_links.py nbs --check   # exit 1 where a term's first use is not linked
 
 The chapters are read in the docs' order (00, 01, 02, 03, 03a, ...). A term's *first use* is its first
-match in a markdown cell's prose: code cells, headings, fenced blocks, inline code, links, HTML tags and
-URLs do not count. Where that first use is not already a link to the term's entry, it becomes
+match in a markdown cell's prose: code cells, headings, quoted lines (a chapter's `> summary` is its module's
+docstring), fenced blocks, inline code, links, HTML tags and URLs do not count. Where that first use is not already a link to the term's entry, it becomes
 `[word](glossary.ipynb#anchor)`: a relative link that GitHub follows from nbs/ and that
 scripts/build_docs.py rewrites to `glossary.html#anchor`. A link to the entry further on is left alone.
 """
@@ -70,7 +70,7 @@ TERMS = (
     term("safetensors", r"safetensors"),
     term("fbgemm", r"fbgemm"),
     term("onednn", r"oneDNN"),
-    term("floor", r"roofline", r"(?:physical|arithmetic|memory|work|compute) floor"),
+    term("floor", r"roofline", r"(?:physical|arithmetic|memory|work|compute|decode) floor", r"\*floor\*"),
     term("detokenizer", r"detokeniz(?:er|ers|ation|ing)"),
     term("min-p", r"min-p"),
     term("top-k", r"top-k"),
@@ -91,6 +91,7 @@ TERMS = (
 PROTECTED = re.compile("|".join([
     r"^(?:```|~~~)[^\n]*\n(?:.*?\n)?(?:```|~~~)[ \t]*$",  # a fenced block
     r"^#{1,6}[ \t][^\n]*$",                               # a heading
+    r"^>[^\n]*$",                                         # a quoted line: a chapter's summary becomes its module's docstring
     r"(`+)(?:.+?)\1",                                     # inline code
     r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\([^)\s]*(?:\s+\"[^\"]*\")?\)",  # a link or image
     r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\[[^\]]*\]",       # a reference link
