@@ -161,3 +161,9 @@ def test_the_script_places_the_section_once(tmp_path):
     (tmp_path / "03_x.ipynb").write_text(json.dumps(nb))
     assert exercises.main([str(tmp_path), "--check"]) == 1 and exercises.main([str(tmp_path)]) == 0
     assert (tmp_path / "03_x.ipynb").read_text() == first["03_x.ipynb"]
+
+
+def test_the_chapters_hold_the_current_exercises():
+    "scripts/exercises.py nbs --check: every core chapter's 'Your turn' section is the one the script writes."
+    from _scripts import ROOT
+    assert exercises.main([str(ROOT / "nbs"), "--check"]) == 0, "run: python scripts/exercises.py nbs"

@@ -76,3 +76,8 @@ def test_the_glossary_page_has_only_markdown_and_is_in_the_docs():
     assert {c["cell_type"] for c in nb["cells"]} == {"markdown"}
     build_docs = load_script("build_docs")
     assert (NBS / "glossary.ipynb") in build_docs.site_notebooks()
+
+
+def test_the_course_links_every_first_use():
+    "scripts/glossary_links.py nbs --check: each term's first use in the chapters links to its entry."
+    assert glossary_links.main([str(NBS), "--check"]) == 0, "run: python scripts/glossary_links.py nbs"
