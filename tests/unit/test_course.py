@@ -52,3 +52,19 @@ def test_the_checks_find_each_kind_of_break(tmp_path):
     lettered = course.shape(_notebook(tmp_path, "08a_extra.ipynb", [("markdown", "# X\n\nSee chapter 16.", [])]))
     assert lettered.forward_refs == []  # a lettered chapter is a capability chapter, not on the core path
     assert course.referenced("chapters 03a and 16, [the server](13_server.ipynb)") == {(3, "a"), (16, ""), (13, "")}
+
+
+def test_the_minimal_path_names_sections_that_exist():
+    "The index's 'A minimal path' table names, per step, headings that its chapter has."
+    import re
+    index = json.loads((course.ROOT / "nbs" / "index.ipynb").read_text(encoding="utf-8"))
+    text = next(course.source(c) for c in index["cells"] if course.source(c).startswith("## A minimal path"))
+    steps = re.findall(r"^\| \d+ \| \[(\w+)\]\(\w+\.ipynb\) \| ([^|]+) \|", text, re.M)
+    assert len(steps) >= 10
+    for chapter, sections in steps:
+        nb = json.loads((course.ROOT / "nbs" / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+        headings = [line.lstrip("#").strip().replace("`", "") for c in nb["cells"] if c["cell_type"] == "markdown"
+                    for line in course.source(c).splitlines() if line.startswith("#")]
+        for name in sections.split(";"):
+            name = re.sub(r"\(.*\)", "", name).strip().replace("`", "")
+            assert any(h.startswith(name) for h in headings), f"{chapter} has no section '{name}'"
