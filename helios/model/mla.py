@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from torch import nn
 
 from ..config import ModelConfig, YarnScaling
-from .attention import apply_rope, sdpa_attention
+from .attention import KVStore, apply_rope, sdpa_attention
 from .layers import RMSNorm
 from .moe import SparseMoE
 from .qwen3 import DecoderLayer
@@ -134,7 +134,7 @@ class MLAttention(nn.Module):
 
 # %% ../../nbs/03b_mla.ipynb #d4b88d3f
 @patch
-def attend_cached(self: MLAttention, q: torch.Tensor, rows: torch.Tensor, kv) -> torch.Tensor:
+def attend_cached(self: MLAttention, q: torch.Tensor, rows: torch.Tensor, kv: KVStore) -> torch.Tensor:
     """Through the kv object: the sequences cheaper absorbed in one batched call (all of them: one `attend`),
     the ones cheaper expanded each over its own gathered context."""
     lengths = kv.lengths(q.shape[1])
@@ -158,7 +158,8 @@ def attend_cached(self: MLAttention, q: torch.Tensor, rows: torch.Tensor, kv) ->
 
 
 @patch
-def forward(self: MLAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv=None) -> torch.Tensor:
+def forward(self: MLAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            kv: KVStore | None = None) -> torch.Tensor:
     B, T, _ = x.shape                                                   # x: [B, T, hidden]
     q, rows = self.project(x, cos, sin)
     out = self.attend(q, rows, self.form_for(T, T)) if kv is None else self.attend_cached(q, rows, kv)
