@@ -9,7 +9,7 @@ that has only what a Colab runtime brings (tests/integration/test_colab.py runs 
    torch 2.13.0, whose CPU wheel is on disk, numpy, matplotlib, ...) and the notebook runner (ipykernel, nbclient,
    nbformat); neither Helios nor its other dependencies.
 3. Each chapter is copied into an empty temporary folder with the wheel beside it and executed there by nbclient in
-   that environment, skipping the cells nbdev-test skips (`#| notest`, `#| slow`, `#| gpu`, `#| eval: false`).
+   that environment, skipping the cells the docs build skips (scripts/build_docs.py's skip_reason: the tst_flags, `#| gpu`, `#| eval: false`).
    The install cell acts as on Colab because HELIOS_COLAB=1 is in the kernel's environment (a stub `google.colab`
    would have to be imported into every kernel before the cell runs, and would shadow the real `google` namespace
    that protobuf and others share). So the first chapter's install cell installs the wheel with its dependencies
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,31 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # what a Colab runtime ships that a chapter imports (torch from the CPU wheel on disk, never a plain `torch`)
 COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "matplotlib", "ipywidgets", "httpx", "jsonschema", "openai"]
 RUNNER = ["ipykernel", "nbclient", "nbformat"]
-SKIP_FLAGS = {"notest", "slow", "gpu"}  # pyproject.toml's [tool.nbdev] tst_flags
 CELL_TIMEOUT_S = 1200
-
-
-def directives(source: str) -> dict[str, list[str]]:
-    "A cell's leading `#| key value...` lines, as nbdev reads them: `{'export': ['engine'], 'eval:': ['false']}`."
-    found = {}
-    for line in source.splitlines():
-        if not line.strip(): continue
-        m = re.match(r"\s*#\|\s*(\S+)\s*(.*)", line)
-        if m is None: break
-        found[m.group(1)] = m.group(2).split()
-    return found
+sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def skipped(cell: dict) -> bool:
-    "nbdev-test's rule: only code cells run, and none flagged with a test flag or `#| eval: false`."
-    if cell["cell_type"] != "code": return True
-    found = directives("".join(cell["source"]))
-    return bool(SKIP_FLAGS & found.keys()) or found.get("eval:", [""])[0].lower() == "false"
+    "Only code cells run, and none that nbdev-test or the docs build skips (the tst_flags, `#| gpu`, `#| eval: false`)."
+    from build_docs import skip_reason, tst_flags
+    return cell["cell_type"] != "code" or skip_reason("".join(cell["source"]), tst_flags()) is not None
 
 
 def chapters(names: list[str]) -> list[Path]:
     "The notebooks named (`03a_moe`, `nbs/03a_moe.ipynb`), else every one that runs code."
-    sys.path.insert(0, str(ROOT / "scripts"))
     from colab_cell import notebooks
     every = notebooks()
     if not names: return every
