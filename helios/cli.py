@@ -20,11 +20,11 @@ from .config import EngineConfig, Setting, settings
 from .distributed.launch import join_as_worker, rank_env
 from .llm import LLM
 from .sampling import SamplingParams
-from .server.app import DEFAULT_SHUTDOWN_GRACE_S, ServerSettings, serve, served_name
+from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
 
 # %% auto #0
-__all__ = ['add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
+__all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
@@ -211,6 +211,9 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         history.append({"role": "assistant", "content": answer})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
+SERVED_APIS: tuple[RouteAdder, ...] = ()  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
+
+
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
     try:
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None):
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
-            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level)
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, SERVED_APIS)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:

@@ -8,8 +8,10 @@ that has only what a Colab runtime brings (tests/integration/test_colab.py runs 
 2. ONE fresh virtual environment gets what Colab has preinstalled that the chapters use (`COLAB_PREINSTALLED`:
    torch 2.13.0, whose CPU wheel is on disk, numpy, matplotlib, ...) and the notebook runner (ipykernel, nbclient,
    nbformat); neither Helios nor its other dependencies.
-3. Each chapter is copied into an empty temporary folder with the wheel beside it and executed there by nbclient in
-   that environment, skipping the cells the docs build skips (scripts/build_docs.py's skip_reason: the tst_flags, `#| gpu`, `#| eval: false`).
+3. This process (the checkout's Python, with the dev dependencies) writes each chapter without the cells the docs
+   build skips (scripts/build_docs.py's skip_reason: the tst_flags, `#| gpu`, `#| eval: false`); the emulated Python
+   imports nothing of the checkout's scripts. Each chapter is copied into an empty temporary folder with the wheel
+   beside it and executed there by nbclient in that environment.
    The install cell acts as on Colab because HELIOS_COLAB=1 is in the kernel's environment (a stub `google.colab`
    would have to be imported into every kernel before the cell runs, and would shadow the real `google` namespace
    that protobuf and others share). So the first chapter's install cell installs the wheel with its dependencies
@@ -42,6 +44,18 @@ def skipped(cell: dict) -> bool:
     "Only code cells run, and none that nbdev-test or the docs build skips (the tst_flags, `#| gpu`, `#| eval: false`)."
     from build_docs import skip_reason, tst_flags
     return cell["cell_type"] != "code" or skip_reason("".join(cell["source"]), tst_flags()) is not None
+
+
+def strip_skipped(paths: list[Path], out: Path) -> list[Path]:
+    "Each chapter written to `out` with only the cells that would run (in this process: build_docs needs the dev dependencies)."
+    import nbformat
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nb.cells = [c for c in nb.cells if not skipped(c)]
+        nbformat.write(nb, out / path.name); written.append(out / path.name)
+    return written
 
 
 def chapters(names: list[str]) -> list[Path]:
@@ -92,8 +106,7 @@ def run_chapter(path: Path, wheel: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=f"colab-{path.stem}-") as work:
         work = Path(work)
         shutil.copy(path, work / path.name); shutil.copy(wheel, work / wheel.name)
-        nb = nbformat.read(work / path.name, as_version=4)
-        nb.cells = [c for c in nb.cells if not skipped(c)]
+        nb = nbformat.read(work / path.name, as_version=4)  # its skipped cells already gone (strip_skipped)
         NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
 
 
@@ -125,15 +138,16 @@ def main() -> int:
     parser.add_argument("--keep-going", action="store_true", help="run every chapter even after one fails")
     parser.add_argument("--inside", metavar="WHEEL", help=argparse.SUPPRESS)  # the second half, run in the environment
     args = parser.parse_args()
+    if args.inside: return inside([Path(p) for p in args.chapters], Path(args.inside), args.keep_going)  # stripped copies
     paths = chapters(args.chapters)
-    if args.inside: return inside(paths, Path(args.inside), args.keep_going)
     folder = Path(tempfile.mkdtemp(prefix="colab-emulate-"))
     try:
         t0 = time.perf_counter()
         wheel = build_wheel(folder / "dist")
         python = make_env(folder / "env")
         print(f"wheel and environment ready in {time.perf_counter() - t0:.0f} s ({wheel.name})", flush=True)
-        cmd = [str(python), str(Path(__file__).resolve()), "--inside", str(wheel), *[str(p) for p in paths]]
+        runnable = strip_skipped(paths, folder / "chapters")
+        cmd = [str(python), str(Path(__file__).resolve()), "--inside", str(wheel), *[str(p) for p in runnable]]
         if args.keep_going: cmd.append("--keep-going")
         return subprocess.run(cmd, env=clean_env(), cwd=folder).returncode
     finally:

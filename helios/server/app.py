@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -28,10 +29,10 @@ from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, C
                                     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_body, sampling_params)
 
 # %% auto #0
-__all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S', 'STREAM_CLOSE_S',
-           'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body', 'openapi_with',
-           'parsed', 'add_status_routes', 'add_generation_routes', 'create_app', 'num_prompts', 'completion_prompts',
-           'cache_report_body', 'add_inspection_routes', 'served_name', 'serve']
+__all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'RouteAdder', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S',
+           'STREAM_CLOSE_S', 'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body',
+           'openapi_with', 'parsed', 'add_status_routes', 'add_generation_routes', 'create_app', 'num_prompts',
+           'completion_prompts', 'cache_report_body', 'add_inspection_routes', 'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -177,8 +178,13 @@ def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metr
                          settings.wants_timings(body)).respond(request)
 
 # %% ../../nbs/13_server.ipynb #d050d2f7
-def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
-    "A FastAPI app serving `llm` with OpenAI's API, behind the edge."
+RouteAdder = Callable[[FastAPI, LLM, ServerSettings, ServerMetrics], None]  # adds one API's endpoints to an app
+
+
+def create_app(llm: LLM, settings: ServerSettings, apis: Sequence[RouteAdder] = ()) -> FastAPI:
+    """A FastAPI app serving `llm` with OpenAI's API, behind the edge.
+
+    `apis` add more endpoints on the same engine, each as `add_status_routes` does (later chapters' API shapes)."""
     docs = {} if settings.api_key is None else {"docs_url": None, "redoc_url": None}  # their pages could not send it
     app = FastAPI(title="Helios", version="1", **docs)
     metrics = ServerMetrics(llm, settings.served_model_name)
@@ -190,6 +196,7 @@ def create_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     add_status_routes(app, llm, settings, metrics)
     add_generation_routes(app, llm, settings, metrics)
     add_inspection_routes(app, llm, settings)
+    for add_routes in apis: add_routes(app, llm, settings, metrics)
     return app
 
 
@@ -292,13 +299,13 @@ def _draining_server(config, llm: LLM, grace_s: float):
 
 
 def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
-          grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, log_level: str = "warning"):
+          grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, log_level: str = "warning", apis: Sequence[RouteAdder] = ()):
     """Serve until SIGINT/SIGTERM, then drain for up to grace_s, end every open stream, stop the engine, exit 0.
     If the engine stops for good (a parallel worker lost), every request has had its error: exit 1."""
     import signal
     import sys
     import uvicorn
-    app = create_app(llm, settings)
+    app = create_app(llm, settings, apis)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=STREAM_CLOSE_S)
     server = _draining_server(config, llm, grace_s)
     print(f"helios: serving {settings.served_model_name!r} on http://{host}:{port}/v1 "
