@@ -53,8 +53,9 @@ def wait_for_prompt(chat, timeout: float = 120):
 
 
 def test_chat_in_a_terminal_survives_ctrl_c():
-    """Default model, in a pty: an answer, Ctrl-C mid-answer (the program stays, the next prompt comes), another
-    answer, /reset, then Ctrl-D: exit status 0 and no traceback."""
+    """Default model, in a pty: an answer, Ctrl-C mid-answer (the program stays, the next prompt comes), the first
+    question again through the arrow keys (readline's history) and its answer, /reset, then Ctrl-D: exit status 0
+    and no traceback."""
     chat = pexpect.spawn("helios", ["chat", "--threads", "2", "--max-tokens", "400", "--temperature", "0"],
                          encoding="utf-8", timeout=180, dimensions=(40, 200))
     try:
@@ -69,9 +70,9 @@ def test_chat_in_a_terminal_survives_ctrl_c():
         chat.expect_exact("[stopped]", timeout=30)
         wait_for_prompt(chat, timeout=30)
         assert chat.isalive()
-        chat.sendline("What is the capital of France? Answer in one word.")
+        chat.send("\x1b[A\x1b[A\r")                # up, up, Enter: readline recalls the first question
         wait_for_prompt(chat)
-        assert "Paris" in chat.before, chat.before   # it answers again
+        assert "Paris" in chat.before and "^[[A" not in chat.before, chat.before   # it answers again
         chat.sendline("/reset")
         chat.expect_exact("(conversation cleared)", timeout=10)
         wait_for_prompt(chat, timeout=10)
