@@ -113,7 +113,7 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     srv.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="the address to listen on [HELIOS_HOST]")
     srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="the port to listen on [HELIOS_PORT]")
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
-                     help="the name clients send as 'model' (default: the model's file or folder name) [HELIOS_SERVED_MODEL_NAME]")
+                     help="the name clients send as 'model' (default: --model as given; SmolLM2-135M-Instruct) [HELIOS_SERVED_MODEL_NAME]")
     srv.add_argument("--api-key", default=_env("API_KEY"),
                      help="require 'Authorization: Bearer KEY' (default: none, no key asked) [HELIOS_API_KEY]")
     grace_s = module_constant("helios.server.app", "DEFAULT_SHUTDOWN_GRACE_S")
