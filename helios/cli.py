@@ -8,23 +8,37 @@ Docs: https://helios-engine.github.io/helios/cli.html.md"""
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import math
 import os
 import sys
-from typing import TextIO
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from .bench.workloads import WORKLOADS
 from .config import EngineConfig, Setting, settings
-from .distributed.launch import join_as_worker, rank_env
-from .llm import LLM
-from .sampling import SamplingParams
-from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
-from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
+
+if TYPE_CHECKING:  # torch, the engine and the server load when a command runs, so `helios --help` answers at once
+    from helios.llm import LLM
+    from helios.sampling import SamplingParams
+    from helios.server.app import RouteAdder
 
 # %% auto #0
-__all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
+__all__ = ['LOG_LEVELS', 'SERVED_APIS', 'module_constant', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count',
+           'run_generate', 'run_chat', 'main']
+
+# %% ../nbs/90_cli.ipynb #4c8f0e32
+def module_constant(module: str, name: str):
+    "The value of `name = <constant expression>` in a module's source, read without importing the module."
+    source = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            if not all(isinstance(n, (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop))
+                       for n in ast.walk(ast.Expression(node.value))):
+                raise ValueError(f"{module}.{name} is not a constant expression")
+            return eval(compile(ast.Expression(node.value), module, "eval"), {"__builtins__": {}})
+    raise LookupError(f"{module} assigns no {name}")
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
@@ -32,10 +46,15 @@ def _env(name: str, default=None):
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    "--help shows the default of each flag that takes a value, unless it is None or the help states it already."
+    "--help shows the default of each flag that takes a value (None: none), unless the help states it already."
     def _get_help_string(self, action):
-        if action.default is None or action.nargs == 0 or "(default" in (action.help or ""): return action.help
+        if action.nargs == 0 or "(default" in (action.help or "") or action.default == argparse.SUPPRESS: return action.help
+        if action.default is None: return f"{action.help} (default: none)"
         return super()._get_help_string(action)
+
+
+class _ListedHelp(argparse.RawDescriptionHelpFormatter, _Help):
+    "_Help, with a description and an epilog laid out as written (a table of workloads)."
 
 
 def _add_model_args(p: argparse.ArgumentParser):
@@ -45,7 +64,8 @@ def _add_model_args(p: argparse.ArgumentParser):
                    help="auto: bfloat16 or float16 on a GPU; on CPU float32 arithmetic over float16-stored "
                         "weights (fbgemm), float32: exact float32 weights too")
     p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:1, ... [HELIOS_DEVICE]")
-    p.add_argument("--threads", type=int, default=_env("THREADS"), help="CPU threads for torch [HELIOS_THREADS]")
+    p.add_argument("--threads", type=int, default=_env("THREADS"),
+                   help="CPU threads for torch (default: torch's choice, one per core) [HELIOS_THREADS]")
 
 # %% ../nbs/90_cli.ipynb #f39e15d3
 def _flag_type(s: Setting):
@@ -79,28 +99,35 @@ def engine_settings(args, cls: type = EngineConfig) -> dict:
 # %% ../nbs/90_cli.ipynb #af60de4d
 def _add_sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="keep the most likely tokens whose probabilities add up to this")
     p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1: all)")
     p.add_argument("--seed", type=int, default=None, help="seed the sampling (default: fresh randomness)")
+
+
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]   # uvicorn's
 
 
 def _serve_parser(sub) -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_Help)
     srv.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="the address to listen on [HELIOS_HOST]")
     srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="the port to listen on [HELIOS_PORT]")
-    srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
-    srv.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' [HELIOS_API_KEY]")
-    srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)),
+    srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
+                     help="the name clients send as 'model' (default: --model as given; SmolLM2-135M-Instruct) [HELIOS_SERVED_MODEL_NAME]")
+    srv.add_argument("--api-key", default=_env("API_KEY"),
+                     help="require 'Authorization: Bearer KEY' (default: none, no key asked) [HELIOS_API_KEY]")
+    grace_s = module_constant("helios.server.app", "DEFAULT_SHUTDOWN_GRACE_S")
+    srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", grace_s)),
                      help="after SIGTERM or Ctrl-C, how long in-flight requests may take to finish [HELIOS_SHUTDOWN_GRACE_S]")
-    srv.add_argument("--max-request-bytes", type=byte_count, default=_env("MAX_REQUEST_BYTES", str(DEFAULT_MAX_REQUEST_BYTES)),
+    max_bytes = module_constant("helios.server.edge", "DEFAULT_MAX_REQUEST_BYTES")
+    srv.add_argument("--max-request-bytes", type=byte_count, default=_env("MAX_REQUEST_BYTES", str(max_bytes)),
                      help="refuse larger bodies with 413 [HELIOS_MAX_REQUEST_BYTES]")
     srv.add_argument("--public-metrics", action="store_true", default=_env("PUBLIC_METRICS", "") == "1",
                      help="with --api-key: serve /metrics without the key [HELIOS_PUBLIC_METRICS=1]")
     srv.add_argument("--return-timings", action="store_true", default=_env("RETURN_TIMINGS", "") == "1",
                      help="add per-request timings to every response unless its body says \"timings\": false "
                           "[HELIOS_RETURN_TIMINGS=1]")
-    srv.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn's) log level")
+    srv.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="the HTTP server's (uvicorn's) log level")
     srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
                      help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
                           "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")
@@ -108,13 +135,20 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     return srv
 
 # %% ../nbs/90_cli.ipynb #30a5f4aa
+def _workloads_table() -> str:
+    "One line per workload: its name and the first line of its docstring."
+    width = max(map(len, WORKLOADS))
+    return "workloads:\n" + "\n".join(f"  {name:<{width}}  {(make.__doc__ or '').splitlines()[0]}"
+                                       for name, make in WORKLOADS.items())
+
+
 def _bench_parser(sub) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark any OpenAI-compatible server (or --compare stored runs)",
-                           formatter_class=_Help)
+                           formatter_class=_ListedHelp, epilog=_workloads_table())
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI API root")
     bench.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model name the server expects")
     bench.add_argument("--api-key", default=_env("API_KEY"), help="the key the server requires [HELIOS_API_KEY]")
-    bench.add_argument("--workload", default="helios-30", choices=list(WORKLOADS), help="the fixed set of requests to send")
+    bench.add_argument("--workload", default="helios-30", choices=list(WORKLOADS), help="the fixed set of requests to send (listed below)")
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None,
                        help="client workers, each sending its next request when its last ends (default: the workload's; seed-30: 8)")
@@ -123,10 +157,10 @@ def _bench_parser(sub) -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=1, help="run the workload N times; report each metric's median")
     bench.add_argument("--engine", default="helios", help="a label for the engine under test")
     bench.add_argument("--engine-flags", default="", help="how the server was started (recorded in the report)")
-    bench.add_argument("--tokenizer", default=None, help="checkpoint whose tokenizer cuts the prompts (default model)")
+    bench.add_argument("--tokenizer", default=None, help="checkpoint whose tokenizer cuts the prompts (default: SmolLM2-135M-Instruct)")
     bench.add_argument("--forbid-eos", action="store_true", help="also ban EOS through logit_bias (servers that ignore ignore_eos)")
     bench.add_argument("--out", default=None, help="write the run as JSON here")
-    bench.add_argument("--plot", default=None, help="write latency/concurrency/throughput plots (PNG) here")
+    bench.add_argument("--plot", default=None, help="write latency/concurrency/throughput plots (PNG) here; needs matplotlib")
     bench.add_argument("--compare", nargs="+", default=None, metavar="RUN.json", help="print stored runs side by side")
     bench.add_argument("--merge", nargs="+", default=None, metavar="RUN.json",
                        help="merge single runs of one engine and workload into one median run (written to --out)")
@@ -151,12 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 # %% ../nbs/90_cli.ipynb #89c48f9e
 def _params(args) -> SamplingParams:
+    from helios.sampling import SamplingParams
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed)
 
 
-def _load(args, quiet: bool = False) -> LLM:
+def _set_threads(args):
+    import torch
     if args.threads: torch.set_num_threads(int(args.threads))
+
+
+def _load(args, quiet: bool = False) -> LLM:
+    from helios.llm import LLM
+    _set_threads(args)
     return LLM(args.model, dtype=args.dtype, device=args.device, quiet=quiet, warm_up=getattr(args, "warm_up", False),
                **engine_settings(args))
 
@@ -193,22 +234,50 @@ def run_generate(llm: LLM, args, out: TextIO = sys.stdout) -> str:
         prompt = llm.tokenizer.encode_chat(_with_system(args.system, [{"role": "user", "content": args.prompt}]))
     return _stream_to(out, llm.stream(prompt, _params(args)))
 
+# %% ../nbs/90_cli.ipynb #7a0d3e65
+def _read_line(inp: TextIO, out: TextIO) -> str | None:
+    "The next line typed at the prompt, or None at end of input or on Ctrl-C."
+    try:
+        if inp is sys.stdin and out is sys.stdout and inp.isatty(): return input("> ")  # readline edits the line
+        out.write("> "); out.flush()
+        line = inp.readline()
+        return line.rstrip("\n") if line else None
+    except (EOFError, KeyboardInterrupt):
+        out.write("\n"); out.flush()
+        return None
+
+
+def _answer(llm: LLM, prompt: list[int], params: SamplingParams, out: TextIO) -> str:
+    "Stream one answer; Ctrl-C cancels its request and keeps what was written."
+    handle, text = llm.submit(prompt, params), ""
+    try:
+        for event in handle.events():
+            if event.index == 0 and event.delta:
+                out.write(event.delta); out.flush()
+                text += event.delta
+        handle.result()  # raise if it failed
+    except KeyboardInterrupt:
+        llm.cancel(handle.request_id)
+        out.write(" [stopped]")
+    out.write("\n"); out.flush()
+    return text
+
 
 def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
     "A read-answer loop; the history is the conversation so far."
+    try: import readline  # noqa: F401  (where the platform has it, input() gets arrow keys and history)
+    except ImportError: pass
     history: list[dict] = []
-    out.write("helios chat: type a message; /reset starts over, /exit (or end of input) quits\n")
-    while True:
-        out.write("> "); out.flush()
-        line = inp.readline()
-        if not line or line.strip() == "/exit": return
+    out.write("helios chat: type a message; /reset starts over, /exit, Ctrl-D or Ctrl-C quits; "
+              "Ctrl-C during an answer stops it\n")
+    while (line := _read_line(inp, out)) is not None and line.strip() != "/exit":
         if line.strip() == "/reset":
-            history = []; continue
+            history = []
+            out.write("(conversation cleared)\n"); continue
         if not line.strip(): continue
-        history.append({"role": "user", "content": line.rstrip("\n")})
+        history.append({"role": "user", "content": line})
         prompt = llm.tokenizer.encode_chat(_with_system(args.system, history))
-        answer = _stream_to(out, llm.stream(prompt, _params(args)))
-        history.append({"role": "assistant", "content": answer})
+        history.append({"role": "assistant", "content": _answer(llm, prompt, _params(args), out)})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
 SERVED_APIS: tuple[RouteAdder, ...] = ()  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
@@ -220,14 +289,17 @@ def main(argv: list[str] | None = None):
         if args.command == "bench":
             from helios.bench.main import bench_main
             sys.exit(bench_main(args))
+        from helios.distributed.launch import join_as_worker, rank_env
+        from helios.server.edge import EdgeRules
         if args.command == "serve": EdgeRules(args.api_key, args.max_request_bytes)  # a bad key fails before loading
         env = rank_env()
         if env is not None and env.rank != 0:  # a rank started elsewhere (another machine): no server, the forward only
-            if args.threads: torch.set_num_threads(int(args.threads))
+            _set_threads(args)
             config = EngineConfig.from_env(**engine_settings(args))
             return join_as_worker(args.model, args.dtype, args.device, config, env)
         llm = _load(args, quiet=args.command != "serve")
         if args.command == "serve":
+            from helios.server.app import ServerSettings, serve, served_name
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
             serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, SERVED_APIS)
@@ -235,3 +307,5 @@ def main(argv: list[str] | None = None):
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"helios: error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C while the model loads or an answer is generated: no traceback
+        sys.exit(130)

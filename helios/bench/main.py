@@ -13,15 +13,24 @@ import asyncio
 __all__ = ['bench_main']
 
 # %% ../../nbs/14_benchmark.ipynb #457af3b8
+import importlib.util
+
 from .client import run_benchmark
 from .metrics import median_run, merge_runs
 from .report import compare_table, load_run, markdown_table, plot_runs, save_run
 from .workloads import WORKLOAD_CONCURRENCY, WORKLOADS
 
 
+def _check_plot(path: str | None):
+    "--plot needs matplotlib, which is not a runtime dependency: say so in one line before any work."
+    if path and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib")
+
+
 def bench_main(args) -> int:
     "Entry point of `helios bench` (arguments parsed in helios.cli)."
     if args.compare:
+        _check_plot(args.plot)
         runs = [load_run(p) for p in args.compare]
         print(compare_table(runs))
         if args.plot: plot_runs(runs, args.plot)
@@ -32,6 +41,7 @@ def bench_main(args) -> int:
               + ", ".join(f"{r['output_tok_s']:.1f}" for r in run.repetitions))
         if args.out: save_run(run, args.out)
         return 0
+    _check_plot(args.plot)
     from helios.tokenizer import load_tokenizer
     from helios.weights import default_model_path
     tokenizer = load_tokenizer(args.tokenizer or default_model_path())
@@ -43,7 +53,8 @@ def bench_main(args) -> int:
                                       engine=args.engine, workload=args.workload, request_rate=args.request_rate,
                                       max_concurrency=workers, seed=args.seed + i, warmup=args.warmup,
                                       api_key=args.api_key, forbid_token_ids=forbid,
-                                      config={"engine_flags": args.engine_flags}))
+                                      config={"engine_flags": args.engine_flags},
+                                      progress=f"{args.workload}, round {i + 1} of {args.repeat}"))
             for i in range(args.repeat)]
     run = median_run(runs)
     print(markdown_table(run))

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'SERVER_SAMPLING', 'ROLES', 'ROLE_RULES', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'SERVER_SAMPLING', 'ROLES', 'ROLE_RULES', 'UNSUPPORTED', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ignored', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'unknown_field', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
 import re
@@ -88,7 +88,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 class JSONSchemaFormat(BaseModel):
     "The `json_schema` of a response_format: the schema the output must follow (`schema`), named."
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: Name
     description: str | None = None
     json_schema: Annotated[dict, Field(alias="schema")]
@@ -97,6 +97,7 @@ class JSONSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     "What the output must be: free text, any JSON object, or JSON that follows a schema."
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -108,7 +109,7 @@ class ResponseFormat(BaseModel):
 
 # %% ../../nbs/13_server.ipynb #09ff9cd3
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     name: Name
     description: str | None = None
     parameters: dict | None = None     # a JSON schema of the arguments object; absent: any object
@@ -117,16 +118,19 @@ class FunctionDefinition(BaseModel):
 
 class ToolDefinition(BaseModel):
     "A tool the model may call: OpenAI's {'type': 'function', 'function': {...}}."
+    model_config = ConfigDict(extra="forbid")
     type: Literal["function"]
     function: FunctionDefinition
 
 
 class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: Name
 
 
 class NamedToolChoice(BaseModel):
     "tool_choice naming the one function the model must call."
+    model_config = ConfigDict(extra="forbid")
     type: Literal["function"]
     function: FunctionName
 
@@ -161,7 +165,9 @@ from ..sampling import LOGIT_BIAS, Range, sampling_ranges
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool | None = None
+    include_obfuscation: Any = None   # OpenAI's padding of streamed chunks: accepted, none is added
 
 
 def _ranged_field(r: Range) -> tuple:
@@ -172,13 +178,13 @@ def _ranged_field(r: Range) -> tuple:
 SERVER_SAMPLING = ("max_tokens", "logprobs")  # SamplingParams fields the server decides from more than the body
 _RANGES = sampling_ranges()
 # the numeric sampling fields, made from SamplingParams' ranges (chapter 07): a new one is a field here too
-_RangedFields = create_model("_RangedFields", __config__=ConfigDict(extra="ignore"),
+_RangedFields = create_model("_RangedFields", __config__=ConfigDict(extra="forbid"),
                              **{name: _ranged_field(r) for name, r in _RANGES.items() if name not in SERVER_SAMPLING})
 
 
 class _SamplingFields(_RangedFields):
     "Fields shared by completions and chat; ranges are SamplingParams' (chapter 07), types are checked here."
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")   # a misspelt field is a 400 (parse_body), not silently a default
     # every field may be null, which means its default (SamplingParams' own), as OpenAI's API reads it
     model: str | None = None
     max_tokens: Annotated[StrictInt, Field(ge=_RANGES["max_tokens"].low)] | None = None
@@ -202,11 +208,21 @@ class _SamplingFields(_RangedFields):
             raise ValueError("stream_options is only allowed with stream: true")
         return self
 
-
+# %% ../../nbs/13_server.ipynb #f1a9c4d7
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[StrictInt, Field(ge=1)] | None = None   # OpenAI's; only n itself: no completion is ranked
+    suffix: str | None = None                                  # OpenAI's; refused, nothing is inserted
+
+    @model_validator(mode="after")
+    def _openai_only(self):
+        if self.best_of is not None and self.best_of != self.num_sequences:
+            raise ValueError(f"best_of {self.best_of} would rank completions; this server returns each of n "
+                             f"({self.num_sequences}): leave best_of out or set it to n")
+        if self.suffix: raise ValueError("suffix (text after the insertion) is not supported; send the prompt alone")
+        return self
 
 # %% ../../nbs/13_server.ipynb #199020eb
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -214,17 +230,20 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 class TextPart(BaseModel):
     "A content part of type text: the only kind these models read."
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
 
 class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str
     arguments: str   # JSON text as the model wrote it, replayed: not necessarily valid (chapter 05 renders either)
 
 
 class ToolCallMessage(BaseModel):
     "A call an assistant made earlier in the conversation."
+    model_config = ConfigDict(extra="forbid")
     id: str
     type: Literal["function"]
     function: FunctionCall
@@ -247,11 +266,18 @@ class ChatMessage(BaseModel):
 
     An assistant message that made tool calls may have no content; a `tool` message answers the call
     `tool_call_id`."""
-    model_config = ConfigDict(extra="ignore", json_schema_extra=ROLE_RULES)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=ROLE_RULES)
     role: Literal[ROLES]
     tool_calls: Annotated[list[ToolCallMessage], Field(max_length=MAX_TOOL_CALLS)] | None = None
     tool_call_id: str | None = None
     content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
+    # OpenAI's other message fields, and the reasoning this server returns, replayed by clients: not rendered
+    name: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    audio: Any = None
+    function_call: Any = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -292,8 +318,43 @@ class ChatMessage(BaseModel):
         if self.tool_call_id is not None: message["tool_call_id"] = self.tool_call_id
         return message
 
+# %% ../../nbs/13_server.ipynb #b84e2f17
+def ignored(why: str):
+    "An OpenAI field with no effect here: any value is accepted, so the clients that send it keep working."
+    return Field(default=None, description=f"accepted for OpenAI compatibility; {why}")
+
+
+UNSUPPORTED = {"audio": "audio output is not supported; these models write text",
+               "functions": "the deprecated functions are not supported; send them as tools",
+               "function_call": "the deprecated function_call is not supported; use tool_choice",
+               "web_search_options": "web search is not supported"}
+
+
+class _OpenAIChatFields(_SamplingFields):
+    "OpenAI's chat completion fields beyond the sampling ones: accepted and ignored, or refused with the reason."
+    metadata: Any = ignored("nothing is stored")
+    store: Any = ignored("nothing is stored")
+    service_tier: Any = ignored("there is one tier")
+    prompt_cache_key: Any = ignored("the prefix cache matches prompts by their tokens")
+    prompt_cache_retention: Any = ignored("the prefix cache keeps pages while it has room")
+    safety_identifier: Any = ignored("not used")
+    prediction: Any = ignored("a hint that would not change the output")
+    reasoning_effort: Any = ignored("a thinking template reads chat_template_kwargs")
+    verbosity: Any = ignored("not used")
+    modalities: list[Literal["text"]] | None = None
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+
+    @field_validator(*UNSUPPORTED)
+    @classmethod
+    def _unsupported(cls, value, info: ValidationInfo):
+        if value is not None: raise ValueError(UNSUPPORTED[info.field_name])
+        return value
+
 # %% ../../nbs/13_server.ipynb #1df167b9
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_OpenAIChatFields):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
@@ -352,7 +413,7 @@ class ChatCompletionRequest(_SamplingFields):
 # %% ../../nbs/13_server.ipynb #728841a1
 class TokenizeRequest(BaseModel):
     "POST /tokenize, as vLLM has it: a prompt, or chat messages rendered as a chat completion would render them."
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
@@ -375,11 +436,37 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     "POST /detokenize: token ids back to text."
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: TokenIds
 
 # %% ../../nbs/13_server.ipynb #7aa4611a
+import difflib
+import inspect
+from typing import get_args
+
+
+def _fields(models: list[type[BaseModel]]) -> dict:
+    "The fields of some models under every name a body may use (name and alias)."
+    return {key: f for m in models for name, f in m.model_fields.items() for key in (name, f.alias or name)}
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    "The models an annotation holds, through Optional, list, Union and Annotated."
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel): return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def unknown_field(model: type[BaseModel], error: dict) -> APIError:
+    "A field no model knows, as OpenAI answers it: a 400 naming it, with the known field it is closest to."
+    models = [model]
+    for part in error["loc"][:-1]:   # list indices and union tags ('a function') name no field: skipped
+        if isinstance(part, str) and part in (fields := _fields(models)): models = _models_in(fields[part].annotation)
+    where = validation_error([error]).param   # written as every other error writes a location: messages[0].foo
+    close = difflib.get_close_matches(str(error["loc"][-1]), list(_fields(models)), n=1)
+    return APIError(400, f"{where}: unknown field" + (f"; did you mean {close[0]!r}?" if close else ""), param=where)
+
+
 def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
     "A body validated against its request model, or an APIError naming the field. Call it off the event loop."
     if not raw.strip(): raise APIError(400, "the body is empty; send a JSON object")
@@ -387,7 +474,9 @@ def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
     try:
         return model.model_validate_json(raw)
     except ValidationError as e:
-        raise validation_error(e.errors(include_url=False)) from None
+        errors = e.errors(include_url=False)
+        unknown = next((error for error in errors if error["type"] == "extra_forbidden"), None)
+        raise (unknown_field(model, unknown) if unknown else validation_error(errors)) from None
 
 
 # the body's fields that SamplingParams takes as they are: every one of its fields but the server's own

