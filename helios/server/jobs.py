@@ -87,7 +87,7 @@ class Job:
                 return StreamingResponse(self._sse(streams), media_type="text/event-stream")  # _sse logs its end
             response = await self._collect(streams, request)
         except Exception as e:
-            self._log_end(e.status_code if isinstance(e, APIError) else 500)
+            self._log_end(e.status if isinstance(e, APIError) else 500)
             raise
         self._log_end(response.status_code)
         return response
