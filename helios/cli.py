@@ -127,7 +127,9 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     srv.add_argument("--return-timings", action="store_true", default=_env("RETURN_TIMINGS", "") == "1",
                      help="add per-request timings to every response unless its body says \"timings\": false "
                           "[HELIOS_RETURN_TIMINGS=1]")
-    srv.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="the HTTP server's (uvicorn's) log level")
+    srv.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                     help="what serve logs on stderr: info, one line per generation request; warning, warnings only; "
+                          "debug, uvicorn's lines too")
     srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
                      help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
                           "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")

@@ -433,7 +433,7 @@ def check(self: Setting, value):
 # %% ../nbs/00_config.ipynb #399a02a2
 @dataclass(frozen=True)
 class _BatchSettings:
-    "How much work one tick takes on, and which prompt goes first."
+    "How much work one tick takes on, which prompt goes first, and how long a request may be."
     max_batch_size: int = setting(32, "requests running at once", at_least=1)
     prefill_chunk_size: int = setting(
         512, "tokens per tick: one decode token per running request, the rest for prompt chunks", at_least=1)
@@ -445,6 +445,9 @@ class _BatchSettings:
         5.0, "a prompt waiting this long since it arrived goes first, oldest first, however long it is (the bound "
         "on what shortest-first costs a long prompt)", at_least=0)
     max_queue: int = setting(1024, "waiting requests before new ones are refused", at_least=1)
+    max_model_len: int | None = setting(
+        None, "the context served: a request's prompt plus `max_tokens` at most this many tokens; below the "
+        "model's `max_position_embeddings` only", at_least=1, shown="the model's max_position_embeddings")
 
 # %% ../nbs/00_config.ipynb #42e99c6e
 @dataclass(frozen=True)
@@ -534,6 +537,16 @@ def from_env(cls: EngineConfig, environ=None, **overrides) -> EngineConfig:
     values = {s.name: s.parse(environ[s.env], s.env) for s in known if s.env in environ}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return cls(**values)
+
+# %% ../nbs/00_config.ipynb #b7a60fea
+@patch
+def context_length(self: EngineConfig, model: ModelConfig) -> int:
+    "The context served: max_model_len, which may only lower the model's max_position_embeddings."
+    if self.max_model_len is None: return model.max_position_embeddings
+    if self.max_model_len > model.max_position_embeddings:
+        raise ValueError(f"max_model_len={self.max_model_len:,} is above the model's context "
+                         f"(max_position_embeddings={model.max_position_embeddings:,}); lower it or leave it unset")
+    return self.max_model_len
 
 # %% ../nbs/00_config.ipynb #d1714b8b
 def settings_table(cls: type = EngineConfig) -> str:

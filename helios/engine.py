@@ -16,7 +16,7 @@ import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -36,7 +36,7 @@ from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, E
                             RequestMetrics, RequestOutput, StreamEvent)
 from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
                              pick_tokens, sample_seed)
-from .scheduler import QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
+from .scheduler import MAX_PRIORITY, QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
 from .speculative import NgramDrafter
 from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
                                append_token, fill_token_masks)
@@ -48,8 +48,8 @@ _log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'InboxMessage', 'ModelRunner', 'build_model_runner', 'compile_layers', 'SubmitRequest',
            'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
-           'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'Engine', 'warm_up_batch_sizes',
-           'WarmUp', 'warm_up_forwards', 'cache_report']
+           'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine',
+           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
 class ModelRunner:
@@ -137,6 +137,7 @@ class _Request:
     params: SamplingParams
     handle: RequestHandle
     metrics: RequestMetrics
+    priority: int = 0  # lower is admitted first (chapter 10)
     seqs: list[Sequence] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     generators: list[torch.Generator] = field(default_factory=list)
@@ -226,6 +227,13 @@ def validate_logit_bias(params: SamplingParams, vocab_size: int):
     if bad:
         raise InvalidParam("logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
+
+def validate_priority(priority: int):
+    "Raise InvalidParam (a ValueError) unless priority is an integer in [-MAX_PRIORITY, MAX_PRIORITY]."
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise InvalidParam("priority", f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}] "
+                                       f"(lower is served first), got {priority!r:.40}")
+
 # %% ../nbs/11_engine.ipynb #ba26125e
 class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
@@ -233,6 +241,7 @@ class Engine:
                  config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
                  make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None):
         cfg = model.config
+        self.max_model_len = config.context_length(cfg)  # the context served (a too-large max_model_len raises here)
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
         element = kv_dtype(config, model.dtype)  # the pages': the model's, or kv_cache_dtype
         # one page more than the budget's: the scratch page where rows that pad a CUDA graph's batch write (chapter 17)
@@ -243,7 +252,7 @@ class Engine:
         self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
         cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
         self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
-        self.scheduler = Scheduler(config, self.pages, cfg.max_position_embeddings)
+        self.scheduler = Scheduler(config, self.pages, self.max_model_len)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
         # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
         # a fallback from a backend meant for this machine was warned about when it was chosen
@@ -262,7 +271,7 @@ class Engine:
             self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
             self.runner_passed_over = ()
         self.budget_summary = ((memory.describe() + "; " if memory else "")
-                               + describe_budget(cfg, num_pages, config.page_size, element, weight_bytes(model)) + "; "
+                               + describe_budget(replace(cfg, max_position_embeddings=self.max_model_len), num_pages, config.page_size, element, weight_bytes(model)) + "; "
                                + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
                                + f"; pages {config.kv_reservation}")
         self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
@@ -303,9 +312,10 @@ def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, co
 # %% ../nbs/11_engine.ipynb #762cada8
 @patch
 def submit(self: Engine, prompt_ids: list[int], params: SamplingParams, prompt: str | None = None,
-           request_id: str | None = None, notify: Callable[[], None] | None = None) -> RequestHandle:
+           request_id: str | None = None, notify: Callable[[], None] | None = None, priority: int = 0) -> RequestHandle:
     "Validate and queue a request; raises ValueError (bad input, too large), QueueFull, or EngineError (shutting down)."
     validate_prompt(prompt_ids, self.model.config.vocab_size)
+    validate_priority(priority)
     validate_logit_bias(params, self.model.config.vocab_size)
     self.check_fits(len(prompt_ids), params.max_tokens)
     # compiling a grammar checks it, and takes as long as the grammar needs: here, never on the engine thread
@@ -313,7 +323,7 @@ def submit(self: Engine, prompt_ids: list[int], params: SamplingParams, prompt: 
     request_id = request_id or f"req-{next(self._ids)}"
     handle = RequestHandle(request_id, notify)
     req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
-                   matchers=matchers)
+                   priority, matchers=matchers)
     with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's AbortRequests
         if self.failure: raise EngineError(f"the engine has stopped: {self.failure}")
         if self._stopping: raise EngineError("the engine is shutting down")
@@ -398,7 +408,7 @@ def _build(self: Engine, req: _Request) -> tuple[list[Sequence], list[Completion
     n, seed, cfg = req.params.n, req.params.seed, self.config
     drafts = cfg.speculative == "ngram" and req.params.grammar is None  # a grammar's masks go one token at a time
     seqs = [Sequence(self.next_sequence_id(), req.request_id, req.prompt_ids, req.params.max_tokens,
-                     req.metrics.arrival_s, cfg.page_size,
+                     req.metrics.arrival_s, cfg.page_size, req.priority,
                      drafter=NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max) if drafts else None)
             for _ in range(n)]
     completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]

@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig, settings
-from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput
+from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput, validate_priority
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
@@ -154,24 +154,28 @@ def encode_prompt(self: LLM, prompt: str | list[int]) -> list[int]:
 
 
 @patch
-def submit(self: LLM, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
+def submit(self: LLM, prompt: str | list[int], params: SamplingParams | None = None, priority: int = 0) -> RequestHandle:
     "Queue one prompt; the handle streams its events and gives its result."
     return self.engine.submit(self.encode_prompt(prompt), params or SamplingParams(),
-                              prompt if isinstance(prompt, str) else None)
+                              prompt if isinstance(prompt, str) else None, priority=priority)
 
 
 @patch
 def generate(self: LLM, prompts: str | list[str] | list[list[int]], params: SamplingParams | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-    "One output per prompt, in order; prompts are strings or lists of token ids."
+             use_tqdm: bool = True, priority: int | list[int] = 0) -> list[RequestOutput]:
+    "One output per prompt, in order; prompts are strings or lists of token ids; priority: one, or one per prompt."
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
     params = params or SamplingParams()
     encoded = [self.encode_prompt(p) for p in prompts]  # bad input fails before anything runs
     for ids in encoded: self.engine.check_fits(len(ids), params.max_tokens)
+    priorities = priority if isinstance(priority, list) else [priority] * len(prompts)
+    if len(priorities) != len(prompts):
+        raise ValueError(f"priority has {len(priorities)} values for {len(prompts)} prompts; give one per prompt")
+    for p in priorities: validate_priority(p)
     handles: list[RequestHandle] = []
     with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm or None) as bar:
-        for prompt, ids in zip(prompts, encoded):
-            handles.append(self._submit_when_room(ids, params, prompt, handles, bar))
+        for prompt, ids, p in zip(prompts, encoded, priorities):
+            handles.append(self._submit_when_room(ids, params, prompt, handles, bar, p))
         outputs = []
         for i, h in enumerate(handles):
             outputs.append(h.result())
@@ -180,11 +184,11 @@ def generate(self: LLM, prompts: str | list[str] | list[list[int]], params: Samp
 
 
 @patch
-def _submit_when_room(self: LLM, ids, params, prompt, handles, bar) -> RequestHandle:
+def _submit_when_room(self: LLM, ids, params, prompt, handles, bar, priority: int = 0) -> RequestHandle:
     "Submit, and when the wait list is full wait for the oldest unfinished request first."
     while True:
         try:
-            return self.engine.submit(ids, params, prompt if isinstance(prompt, str) else None)
+            return self.engine.submit(ids, params, prompt if isinstance(prompt, str) else None, priority=priority)
         except QueueFull:
             handles[bar.n].result(); bar.update(1)
 
@@ -196,9 +200,9 @@ def chat(self: LLM, messages: list[dict], params: SamplingParams | None = None, 
 
 
 @patch
-def stream(self: LLM, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+def stream(self: LLM, prompt: str | list[int], params: SamplingParams | None = None, priority: int = 0) -> Iterator[str]:
     "Text deltas of the first completion of a prompt, as the engine produces them."
-    handle = self.submit(prompt, params)
+    handle = self.submit(prompt, params, priority)
     for event in handle.events():
         if event.index == 0 and event.delta: yield event.delta
     handle.result()  # raise if it failed

@@ -1,4 +1,4 @@
-"""Who runs, and how many tokens each gets, every tick: FIFO admission under a batch cap and a KV budget, decode first, chunked prefill with the rest, and an aging rule so no prompt starves.
+"""Who runs, and how many tokens each gets, every tick: admission by priority, then first-in first-out, under a batch cap and a KV budget, decode first, chunked prefill with the rest, and an aging rule so no prompt starves.
 
 Docs: https://helios-engine.github.io/helios/scheduler.html.md"""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -25,8 +26,8 @@ from .speculative import NgramDrafter
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['AGED_PREFILL_SHARE', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan', 'RequestTooLarge', 'QueueFull',
-           'Scheduler']
+__all__ = ['AGED_PREFILL_SHARE', 'MAX_PRIORITY', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan', 'RequestTooLarge',
+           'QueueFull', 'Scheduler']
 
 # %% ../nbs/10_scheduler.ipynb #1e64da3e
 AGED_PREFILL_SHARE = 0.25  # an aged prompt gets at least this share of the budget, even past it
@@ -40,13 +41,14 @@ class SeqStatus(Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    "One sequence's scheduling state (prompt, pages, progress, preemptions). No tensors."
+    "One sequence's scheduling state (prompt, priority, pages, progress, preemptions). No tensors."
     seq_id: int
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
     arrival_s: float
     page_size: int
+    priority: int = 0              # its request's: lower values are admitted first and preempted last
     block_hashes: list[bytes] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     page_table: list[int] = field(default_factory=list)
@@ -125,9 +127,15 @@ class TickPlan:
     def __bool__(self) -> bool: return bool(self.chunks)
 
 # %% ../nbs/10_scheduler.ipynb #8c254f4e
+MAX_PRIORITY = 2**31 - 1  # a priority is an int in [-MAX_PRIORITY, MAX_PRIORITY]: 32 bits, as clients send it
+
+
 def _aged(seq: Sequence, now: float) -> bool:
     "The aging rule: it has waited PREFILL_AGING_S since admission or its last prefill chunk."
     return now - seq.waiting_since_s >= PREFILL_AGING_S
+
+
+def _by_priority(seq: Sequence) -> int: return seq.priority
 
 
 class RequestTooLarge(ValueError):
@@ -139,13 +147,13 @@ class QueueFull(RuntimeError):
 
 # %% ../nbs/10_scheduler.ipynb #f14ed3cd
 class Scheduler:
-    "FIFO admission, pages on demand with preemption (or reserved up front), decode-first token budget, chunked and aged prefill. Tensor-free."
+    "Admission by priority then arrival, pages on demand with preemption (or reserved up front), decode-first token budget, chunked and aged prefill. Tensor-free."
     def __init__(self, config: EngineConfig, pages: PageManager, max_model_len: int):
         self.config, self.pages, self.max_model_len = config, pages, max_model_len
         self.on_demand = config.kv_reservation == "on-demand"
         self.keep_free = int(config.kv_watermark * pages.num_pages) if self.on_demand else 0  # pages admission leaves
-        self.waiting: deque[Sequence] = deque()
-        self.resuming: deque[Sequence] = deque()  # preempted sequences: admitted before any waiting one
+        self.waiting: deque[Sequence] = deque()   # by priority, then arrival
+        self.resuming: deque[Sequence] = deque()  # preempted sequences: before any waiting one of the same priority
         self.running: list[Sequence] = []
         self.num_preemptions = self.num_swapped = 0
         self.num_prompt_tokens = self.num_recompute_tokens = 0  # prompt tokens computed once; tokens computed again
@@ -175,7 +183,7 @@ class Scheduler:
         for s in seqs: self.check_fits(s.num_prompt_tokens, s.max_tokens)
         if len(self.waiting) + len(seqs) > self.config.max_queue:
             raise QueueFull(f"the wait list is full ({self.config.max_queue} requests); retry shortly")
-        self.waiting.extend(seqs)
+        for s in seqs: insort(self.waiting, s, key=_by_priority)  # behind every one of its priority or better
 
 # %% ../nbs/10_scheduler.ipynb #aaebc43d
 @patch
@@ -222,13 +230,13 @@ def accept_draft(self: Scheduler, seq: Sequence, num_accepted: int):
 # %% ../nbs/10_scheduler.ipynb #1c4c70e7
 @patch
 def _grow_decodes(self: Scheduler) -> list[Sequence]:
-    "A new page for each decode whose pages are full, oldest request first; the newest running sequence yields when none is left."
+    "A new page for each decode whose pages are full, oldest request first; when none is left the newest running sequence of the worst priority yields."
     preempted = []
     for seq in list(self.running):
         if seq.status is not SeqStatus.RUNNING or seq.is_prefilling: continue
         if seq.num_computed_tokens < len(seq.page_table) * self.pages.page_size: continue  # room in its last page
         while self.pages.num_available() < 1:
-            victim = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
+            victim = max(self.running, key=lambda s: (s.priority, s.arrival_s, s.seq_id))
             assert victim is not seq or len(self.running) > 1, "a sequence alone cannot outgrow the pool (check_fits)"
             self._preempt(victim)
             preempted.append(victim)
@@ -249,7 +257,8 @@ def _preempt(self: Scheduler, seq: Sequence):
     seq.page_table, seq.status = [], SeqStatus.WAITING
     seq.num_preemptions += 1
     self.num_preemptions += 1
-    self.resuming.appendleft(seq)  # ahead of new arrivals (preempted newest first, so older ones end up in front)
+    # ahead of the preempted ones of its priority (preempted newest first, so older ones end up in front)
+    self.resuming.insert(bisect_left(self.resuming, seq.priority, key=_by_priority), seq)
 
 
 @patch
@@ -268,7 +277,7 @@ def _keep_free(self: Scheduler) -> int:
 @patch
 def _admit(self: Scheduler, now: float):
     while (self.resuming or self.waiting) and len(self.running) < self.config.max_batch_size:
-        queue = self.resuming or self.waiting
+        queue = self._next_queue()
         seq = queue[0]
         started = time.perf_counter()
         if not self._take_pages(seq): return  # head-of-queue waits
@@ -276,6 +285,14 @@ def _admit(self: Scheduler, now: float):
         if seq.num_preemptions == 0: seq.prefix_lookup_s = time.perf_counter() - started
         seq.status, seq.waiting_since_s = SeqStatus.RUNNING, now
         self.running.append(seq)
+
+
+@patch
+def _next_queue(self: Scheduler) -> deque[Sequence]:
+    "The queue whose head goes next: the better priority at its head; on a tie the preempted, who came first."
+    if self.resuming and (not self.waiting or self.resuming[0].priority <= self.waiting[0].priority):
+        return self.resuming
+    return self.waiting
 
 
 @patch

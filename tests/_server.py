@@ -19,11 +19,12 @@ def free_port() -> int:
 
 class Server:
     "A `helios serve` subprocess on a free port."
-    def __init__(self, *args, api_key=API_KEY, env=None):
+    def __init__(self, *args, api_key=API_KEY, env=None, log_level="warning"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = ["helios", "serve", "--port", str(self.port), "--threads", "1", *args]
         if api_key: cmd += ["--api-key", api_key]
+        if log_level: cmd += ["--log-level", log_level]  # at info (serve's default) a line per request: None keeps it
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -32,7 +34,8 @@ from .protocol import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, C
 __all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'RouteAdder', 'CACHE_REPORT_TIMEOUT_S', 'DEFAULT_SHUTDOWN_GRACE_S',
            'STREAM_CLOSE_S', 'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body',
            'openapi_with', 'parsed', 'add_status_routes', 'add_generation_routes', 'create_app', 'num_prompts',
-           'completion_prompts', 'cache_report_body', 'add_inspection_routes', 'served_name', 'serve']
+           'completion_prompts', 'cache_report_body', 'add_inspection_routes', 'log_to_stderr', 'uvicorn_log_level',
+           'served_name', 'serve']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -56,7 +59,7 @@ class ServerSettings:
 
 def prompt_chars_limit(llm: LLM) -> int:
     "A text longer than this has more tokens than the context holds, whatever it says: refused without tokenizing."
-    return llm.config.max_position_embeddings * llm.tokenizer.max_token_chars * PROMPT_CHARS_SLACK
+    return llm.engine.max_model_len * llm.tokenizer.max_token_chars * PROMPT_CHARS_SLACK
 
 
 def check_prompt_chars(text: str, limit: int, context: int, param: str):
@@ -102,7 +105,7 @@ def _tier(total: int, free: int, used: int, cached: int) -> dict[str, int]:
 
 def add_status_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
     "GET /health (and HEAD, for load balancers), GET /metrics (Prometheus text) and GET /v1/models."
-    name, context = settings.served_model_name, llm.config.max_position_embeddings
+    name, context = settings.served_model_name, llm.engine.max_model_len
 
     @app.head("/health", include_in_schema=False)  # what load balancers probe with
     @app.get("/health")
@@ -129,7 +132,7 @@ def add_status_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics:
 # %% ../../nbs/13_server.ipynb #f218cb73
 def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
     "POST /v1/completions and POST /v1/chat/completions: checked, submitted, answered whole or as a stream."
-    name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
+    name, context, char_limit = settings.served_model_name, llm.engine.max_model_len, prompt_chars_limit(llm)
     max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
     grammars = llm.engine.grammars
 
@@ -149,7 +152,7 @@ def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metr
         if body.response_format is not None:
             params = replace(params, grammar=await asyncio.to_thread(response_grammar, grammars, body.response_format))
         return await Job(llm, metrics, name, "cmpl", prompts, params, body,
-                         timings=settings.wants_timings(body)).respond(request)
+                         timings=settings.wants_timings(body), priority=body.priority or 0).respond(request)
 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES, openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
@@ -175,7 +178,7 @@ def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metr
         shape = ChatShape(llm.tokenizer.supports_thinking, tools is not None,
                           chat.starts_in_reasoning and params.grammar is None, body.parallel_tool_calls is not False)
         return await Job(llm, metrics, name, "chatcmpl", [(None, ids)], params, body, shape,
-                         settings.wants_timings(body)).respond(request)
+                         settings.wants_timings(body), body.priority or 0).respond(request)
 
 # %% ../../nbs/13_server.ipynb #d050d2f7
 RouteAdder = Callable[[FastAPI, LLM, ServerSettings, ServerMetrics], None]  # adds one API's endpoints to an app
@@ -214,7 +217,7 @@ async def completion_prompts(llm: LLM, prompt, char_limit: int, max_tokens: int)
     for p in prompt:
         if isinstance(p, str):
             if not p: raise APIError(400, "prompt is an empty string", param="prompt")
-            check_prompt_chars(p, char_limit, llm.config.max_position_embeddings, "prompt")
+            check_prompt_chars(p, char_limit, llm.engine.max_model_len, "prompt")
             out.append((p, await asyncio.to_thread(llm.tokenizer.encode, p)))
         else:
             out.append((None, list(p)))
@@ -236,7 +239,7 @@ def cache_report_body(llm: LLM) -> bytes:
 
 def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
     "POST /tokenize, POST /detokenize (vLLM's shapes) and GET /v1/cache (the prefix cache's report)."
-    name, context, tokenizer = settings.served_model_name, llm.config.max_position_embeddings, llm.tokenizer
+    name, context, tokenizer = settings.served_model_name, llm.engine.max_model_len, llm.tokenizer
     char_limit = prompt_chars_limit(llm)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES, openapi_extra=json_body(TokenizeRequest))
@@ -275,6 +278,24 @@ def add_inspection_routes(app: FastAPI, llm: LLM, settings: ServerSettings):
             raise APIError(503, f"the engine did not report its cache: {e}", code="engine_busy") from None
         return Response(body, media_type="application/json")
 
+# %% ../../nbs/13_server.ipynb #19820701
+def log_to_stderr(level: str) -> logging.Logger:
+    "The `helios` loggers on stderr at `level` (uvicorn's names), each line as `helios: ...`; set up once."
+    logger = logging.getLogger("helios")
+    logger.setLevel(logging.DEBUG if level.lower() == "trace" else level.upper())
+    if not any(getattr(h, "helios_stderr", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("helios: %(message)s"))
+        handler.helios_stderr = True
+        logger.addHandler(handler)
+    logger.propagate = False  # a handler on the root logger would print each line twice
+    return logger
+
+
+def uvicorn_log_level(level: str) -> str:
+    "uvicorn's level for helios' `level`: its lines only at debug (or trace), or when the level is above info."
+    return "warning" if level.lower() == "info" else level
+
 # %% ../../nbs/13_server.ipynb #9cd701c0
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
 STREAM_CLOSE_S = 5.0  # once the engine has stopped: time for the last chunks to reach their clients
@@ -299,14 +320,15 @@ def _draining_server(config, llm: LLM, grace_s: float):
 
 
 def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
-          grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, log_level: str = "warning", apis: Sequence[RouteAdder] = ()):
+          grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, log_level: str = "info", apis: Sequence[RouteAdder] = ()):
     """Serve until SIGINT/SIGTERM, then drain for up to grace_s, end every open stream, stop the engine, exit 0.
     If the engine stops for good (a parallel worker lost), every request has had its error: exit 1."""
     import signal
-    import sys
     import uvicorn
+    log_to_stderr(log_level)
     app = create_app(llm, settings, apis)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=STREAM_CLOSE_S)
+    config = uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level(log_level),
+                            timeout_graceful_shutdown=STREAM_CLOSE_S)
     server = _draining_server(config, llm, grace_s)
     print(f"helios: serving {settings.served_model_name!r} on http://{host}:{port}/v1 "
           f"(OpenAI API; /health, /metrics)", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ __all__ = ['RETRY_AFTER_S', 'DISCONNECT_POLL_S', 'ABORTED', 'submit_error', 'shu
 
 # %% ../../nbs/13_server.ipynb #6cea54d7
 import asyncio
+import logging
 import time
 import traceback
 import uuid
@@ -32,6 +33,8 @@ RETRY_AFTER_S = 1          # what a 429 tells the client to wait
 DISCONNECT_POLL_S = 0.1
 ABORTED = "abort"          # the finish_reason of a completion a shutdown ended
 
+_log = logging.getLogger(__name__)  # under `helios`: serve prints its lines (one per request at info) on stderr
+
 
 def submit_error(e: BaseException) -> BaseException:
     "Submit-time errors as HTTP errors: a full queue is a 429, a shutdown a 503, anything invalid a 400."
@@ -51,34 +54,76 @@ class Job:
     """The prompts of one HTTP request (each with n completions), answered as one JSON body or one SSE stream.
 
     `shape` is set for chat completions: how the text splits into content, reasoning and tool calls.
-    `timings` adds each prompt's timings to the response (and to a stream's final chunks)."""
+    `timings` adds each prompt's timings to the response (and to a stream's final chunks); `priority` orders
+    its prompts on the engine's wait list (lower first)."""
     def __init__(self, llm: LLM, metrics: ServerMetrics, model: str, kind: str, prompts, params: SamplingParams,
-                 body, shape: ChatShape | None = None, timings: bool = False):
+                 body, shape: ChatShape | None = None, timings: bool = False, priority: int = 0):
         self.llm, self.metrics, self.model, self.prompts, self.params, self.body = llm, metrics, model, prompts, params, body
         self.shape, self.chat, self.timings = shape, shape is not None, timings
         self.id, self.created = f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time())
         self.object = "chat.completion" if self.chat else "text_completion"
         self.requests: list[AsyncRequest] = []
+        self.priority, self.route, self.started_s = priority, "", time.monotonic()
+        self.first_token_s, self.num_output_tokens, self.num_cached_tokens = None, 0, 0  # for its log line
+        self.failure, self.finish_reasons, self.logged = None, set(), False
 
     def _start(self, loop: asyncio.AbstractEventLoop):
         "Submit every prompt now; on any error cancel what was submitted and answer with the error."
         try:
-            for text, ids in self.prompts: self.requests.append(AsyncRequest(self.llm, ids, self.params, text, loop))
+            for text, ids in self.prompts:
+                self.requests.append(AsyncRequest(self.llm, ids, self.params, text, loop, self.priority))
         except Exception as e:
             self._cancel_unfinished()
             raise submit_error(e) from None
 
     async def respond(self, request: Request):
-        loop = asyncio.get_running_loop()
-        if self.params.grammar is None: self._start(loop)
-        else: await asyncio.to_thread(self._start, loop)  # submit compiles the grammar: up to a second for a huge schema
-        streams = [r.events() for r in self.requests]
-        if self.body.stream:
-            return StreamingResponse(self._sse(streams), media_type="text/event-stream")
-        return await self._collect(streams, request)
+        self.route = f"{request.method} {request.url.path}"
+        try:
+            loop = asyncio.get_running_loop()
+            if self.params.grammar is None: self._start(loop)
+            else: await asyncio.to_thread(self._start, loop)  # submit compiles the grammar: up to a second for a huge schema
+            streams = [self._watched(r.events()) for r in self.requests]
+            if self.body.stream:
+                return StreamingResponse(self._sse(streams), media_type="text/event-stream")  # _sse logs its end
+            response = await self._collect(streams, request)
+        except Exception as e:
+            self._log_end(e.status if isinstance(e, APIError) else 500)
+            raise
+        self._log_end(response.status_code)
+        return response
 
     def _cancel_unfinished(self):
         for r in self.requests: r.cancel()
+
+# %% ../../nbs/13_server.ipynb #4d21ee8d
+@patch
+async def _watched(self: Job, events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+    "A prompt's events, passed on unchanged and counted for the log line: tokens, the first one's time, the end."
+    try:
+        async for event in events:
+            if event.index >= 0 and event.token_ids:
+                self.first_token_s = self.first_token_s or time.monotonic()
+                self.num_output_tokens += len(event.token_ids)
+            if event.error: self.failure = event.error
+            if event.output is not None:
+                self.num_cached_tokens += event.output.cached_tokens
+                self.finish_reasons.update(c.finish_reason for c in event.output.outputs)
+            yield event
+    finally:
+        await events.aclose()
+
+
+@patch
+def _log_end(self: Job, status: int, trouble: str = ""):
+    "The request's one log line, the first time it is called."
+    if self.logged: return
+    self.logged = True
+    trouble = trouble or ("error" if self.failure else ABORTED if ABORTED in self.finish_reasons else "")
+    ttft = f"{self.first_token_s - self.started_s:.2f}s" if self.first_token_s else "-"
+    _log.info("%s %d %s prompt=%d cached=%d out=%d ttft=%s e2e=%.2fs%s%s", self.route, status, self.id,
+              sum(len(ids) for _, ids in self.prompts), self.num_cached_tokens, self.num_output_tokens, ttft,
+              time.monotonic() - self.started_s, f" priority={self.priority}" if self.priority else "",
+              f" {trouble}" if trouble else "")
 
 # %% ../../nbs/13_server.ipynb #cb3bc1b9
 @patch
@@ -148,13 +193,17 @@ def _choice(self: Job, index: int, out: RequestOutput, c) -> dict:
 @patch
 async def _sse(self: Job, streams) -> AsyncIterator[str]:
     "The stream: always ends with [DONE], after an error event if something failed on the way."
+    trouble = "disconnected"  # unless it gets to its end
     try:
         async for chunk in self._sse_chunks(streams): yield chunk
+        trouble = ""
     except Exception as e:  # a failure while answering: this stream ends in an error event, nothing else does
+        trouble = "failed"
         traceback.print_exc()
         yield sse(error_body(f"the stream failed: {type(e).__name__}: {e}", "internal_error"))
     finally:
         self._cancel_unfinished()
+        self._log_end(200, trouble)
     yield SSE_DONE
 
 

@@ -162,6 +162,7 @@ import dataclasses
 from pydantic import create_model
 
 from ..sampling import LOGIT_BIAS, Range, sampling_ranges
+from ..scheduler import MAX_PRIORITY
 
 
 class StreamOptions(BaseModel):
@@ -198,6 +199,7 @@ class _SamplingFields(_RangedFields):
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
     response_format: ResponseFormat | None = None
     timings: StrictBool | None = None   # an extension: per-request timings in the response (see "Timings")
+    priority: Annotated[StrictInt, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None  # vLLM's: lower runs first
 
     @property
     def num_sequences(self) -> int: return self.n or 1

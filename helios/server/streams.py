@@ -19,9 +19,9 @@ from ..sampling import SamplingParams
 class AsyncRequest:
     "One submitted engine request, consumed from asyncio on `loop` (submitted from any thread)."
     def __init__(self, llm: LLM, prompt_ids: list[int], params: SamplingParams, prompt: str | None,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, priority: int = 0):
         self._loop, self._ready, self.llm = loop, asyncio.Event(), llm
-        self.handle = llm.engine.submit(prompt_ids, params, prompt, notify=self._notify)
+        self.handle = llm.engine.submit(prompt_ids, params, prompt, notify=self._notify, priority=priority)
         self.done = False
 
     def _notify(self):
