@@ -22,6 +22,7 @@ from .llm import LLM
 from .sampling import SamplingParams
 from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
+from .server.messages_api import add_messages_routes
 
 # %% auto #0
 __all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
@@ -211,7 +212,7 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         history.append({"role": "assistant", "content": answer})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
-SERVED_APIS: tuple[RouteAdder, ...] = ()  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
+SERVED_APIS: tuple[RouteAdder, ...] = (add_messages_routes,)  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
 
 
 def main(argv: list[str] | None = None):
