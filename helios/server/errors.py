@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['ERROR_TYPES', 'ErrorShape', 'ERROR_RESPONSES', 'TYPE_TAGS', 'error_body', 'openai_error', 'APIError', 'ErrorDetail', 'ErrorBody', 'validation_error', 'http_error', 'error_shape', 'install_error_handlers']
+__all__ = ['ERROR_TYPES', 'ErrorShape', 'ERROR_RESPONSES', 'TYPE_TAGS', 'error_body', 'APIError', 'openai_error', 'ErrorDetail', 'ErrorBody', 'validation_error', 'http_error', 'error_shape', 'install_error_handlers']
 
 # %% ../../nbs/13_server.ipynb #4c1bef0d
 from typing import Callable
@@ -29,7 +29,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def openai_error(error: APIError) -> dict: return error_body(error.message, error.type, error.param, error.code)
+ErrorShape = Callable[["APIError"], dict]   # an error's JSON body in one API's shape; OpenAI's is the default
 
 
 class APIError(Exception):
@@ -41,11 +41,11 @@ class APIError(Exception):
         self.type = type or ERROR_TYPES.get(status, "invalid_request_error")
         self.headers = headers or {}
 
-    def response(self, shape: ErrorShape = openai_error) -> JSONResponse:
-        return JSONResponse(shape(self), status_code=self.status, headers=self.headers)
+    def response(self, shape: ErrorShape | None = None) -> JSONResponse:
+        return JSONResponse((shape or openai_error)(self), status_code=self.status, headers=self.headers)
 
 
-ErrorShape = Callable[[APIError], dict]   # an error's JSON body in one API's shape; OpenAI's is the default
+def openai_error(error: APIError) -> dict: return error_body(error.message, error.type, error.param, error.code)
 
 
 class ErrorDetail(BaseModel):
