@@ -21,7 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, S
 
 from ..llm import LLM
 from ..outputs import CompletionOutput, RequestOutput
-from .app import ServerSettings, check_model, check_prompt_chars, json_body, parsed, prompt_chars_limit
+from .app import ServerSettings, check_model, check_prompt_chars, parsed, prompt_chars_limit
 from .chat import ChatDeltas, ChatShape, RenderedChat, chat_grammar, render_chat
 from .errors import APIError, validation_error
 from .jobs import ABORTED, Job
@@ -49,13 +49,12 @@ def anthropic_error(error: APIError) -> dict:
     return error_json(ANTHROPIC_ERROR_TYPES.get(error.status, default), error.message)
 
 # %% auto #0
-__all__ = ['MESSAGES_PATH', 'ANTHROPIC_ERROR_TYPES', 'CacheControl', 'ROLE_BLOCKS', 'Block', 'ANTHROPIC_ERROR_RESPONSES',
-           'error_json', 'anthropic_error', 'TextBlock', 'ToolUseBlock', 'ToolResultBlock', 'ThinkingBlock',
-           'RedactedThinkingBlock', 'Message', 'Tool', 'ToolChoice', 'Thinking', 'CountTokensRequest',
-           'MessagesRequest', 'joined', 'user_messages', 'assistant_message', 'chat_messages', 'thinking_kwargs',
-           'as_chat_request', 'render_messages', 'messages_grammar', 'tool_use_json', 'content_blocks', 'matched_stop',
-           'stop_reason', 'usage_json', 'MessagesJob', 'sse_event', 'ContentBlocks', 'AnthropicErrorDetail',
-           'AnthropicErrorBody', 'with_request_models', 'add_messages_routes']
+__all__ = ['MESSAGES_PATH', 'ANTHROPIC_ERROR_TYPES', 'CacheControl', 'ROLE_BLOCKS', 'Block', 'error_json', 'anthropic_error',
+           'TextBlock', 'ToolUseBlock', 'ToolResultBlock', 'ThinkingBlock', 'RedactedThinkingBlock', 'Message', 'Tool',
+           'ToolChoice', 'Thinking', 'CountTokensRequest', 'MessagesRequest', 'joined', 'user_messages',
+           'assistant_message', 'chat_messages', 'thinking_kwargs', 'as_chat_request', 'render_messages',
+           'messages_grammar', 'tool_use_json', 'content_blocks', 'matched_stop', 'stop_reason', 'usage_json',
+           'MessagesJob', 'sse_event', 'ContentBlocks', 'add_messages_routes']
 
 # %% ../../nbs/13b_messages_api.ipynb #edbe2194
 _STRICT = ConfigDict(extra="forbid")
@@ -196,7 +195,7 @@ class Thinking(BaseModel):
 class CountTokensRequest(BaseModel):
     "POST /v1/messages/count_tokens: the conversation, tools and thinking of a request, as it would be rendered."
     model_config = _STRICT
-    model: str
+    model: str | None = None   # Anthropic requires it; absent here, it is the served model (as in chat completions)
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     system: str | list[TextBlock] | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
@@ -441,49 +440,18 @@ async def _events(self: MessagesJob, streams) -> AsyncIterator[str]:
                                                     "stop_sequence": final["stop_sequence"]}, "usage": final["usage"]})
         yield sse_event("message_stop", {})
 
-# %% ../../nbs/13b_messages_api.ipynb #ae26689d
-class AnthropicErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicErrorBody(BaseModel):
-    "What every error on these paths holds, documented in the OpenAPI spec."
-    type: Literal["error"]
-    error: AnthropicErrorDetail
-
-
-ANTHROPIC_ERROR_RESPONSES = {"4XX": {"model": AnthropicErrorBody, "description": "the request was refused"},
-                             "5XX": {"model": AnthropicErrorBody, "description": "the server failed or is shutting down"}}
-
-
-def with_request_models(app: FastAPI, models):
-    "Add request models to the app's OpenAPI spec, after those it already documents."
-    previous = app.openapi
-    def openapi() -> dict:
-        spec = previous()
-        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-        for model in models:
-            if model.__name__ in schemas: continue
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-        return spec
-    app.openapi = openapi
-
-# %% ../../nbs/13b_messages_api.ipynb #dff268a1
+# %% ../../nbs/13b_messages_api.ipynb #f3161e1a
 def add_messages_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
     "POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API on the chat engine path."
     name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
     tokenizer, grammars = llm.tokenizer, llm.engine.grammars
     app.state.error_shapes[MESSAGES_PATH] = anthropic_error
-    with_request_models(app, (MessagesRequest, CountTokensRequest))
 
     async def rendered(chat: ChatCompletionRequest) -> RenderedChat:
         check_prompt_chars("".join(m.text() for m in chat.messages), char_limit, context, "messages")
         return await asyncio.to_thread(render_messages, tokenizer, chat)
 
-    @app.post(MESSAGES_PATH, responses=ANTHROPIC_ERROR_RESPONSES, openapi_extra=json_body(MessagesRequest))
+    @app.post(MESSAGES_PATH, include_in_schema=False)
     async def messages(request: Request):
         body = await parsed(request, MessagesRequest)
         check_model(body.model, name)
@@ -495,8 +463,7 @@ def add_messages_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metric
                           prompt.starts_in_reasoning and params.grammar is None, chat.parallel_tool_calls is not False)
         return await MessagesJob(llm, metrics, name, prompt.token_ids, params, body, shape).respond(request)
 
-    @app.post(MESSAGES_PATH + "/count_tokens", responses=ANTHROPIC_ERROR_RESPONSES,
-              openapi_extra=json_body(CountTokensRequest))
+    @app.post(MESSAGES_PATH + "/count_tokens", include_in_schema=False)
     async def count_tokens(request: Request):
         body = await parsed(request, CountTokensRequest)
         check_model(body.model, name)
