@@ -26,9 +26,9 @@ from .chat import ChatDeltas, ChatShape, RenderedChat, chat_grammar, render_chat
 from .errors import APIError, validation_error
 from .jobs import ABORTED, Job
 from .metrics import ServerMetrics
-from .streams import merged
 from .protocol import (MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS, ChatCompletionRequest, Finite, Name,
                                     sampling_params)
+from .streams import merged
 from ..tokenizer import Tokenizer
 
 MESSAGES_PATH = "/v1/messages"
