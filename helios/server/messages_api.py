@@ -154,6 +154,9 @@ class Tool(BaseModel):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None     # Anthropic's server tools (web search, ...) run on Anthropic's side
     cache_control: CacheControl = None
+    strict: StrictBool | None = None          # accepted: a forced call always follows input_schema (the grammar)
+    eager_input_streaming: StrictBool | None = None   # accepted: a call's input streams whole, once it is parsed
+    input_examples: list[dict[str, Any]] | None = None   # accepted, not rendered: templates show the schema only
 
     def as_function(self) -> dict:
         "The tool as chapter 13's chat request takes it."

@@ -298,3 +298,24 @@ def test_thinking_blocks_whole_and_streamed(thinking_server):
     plain = ASK + [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}]
     assert claude.messages.count_tokens(model="tiny", messages=back).input_tokens == \
         claude.messages.count_tokens(model="tiny", messages=plain).input_tokens
+
+
+def test_pydantic_ai_extracts_a_typed_object(server):
+    "A framework on the Anthropic SDK, unchanged: pydantic-ai's tool output forces a call, which the grammar makes valid."
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+    from pydantic_ai import Agent
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=16)
+        unit: Literal["celsius", "fahrenheit"]
+        degrees: int
+
+    model = AnthropicModel("tiny", provider=AnthropicProvider(base_url=server.url, api_key=API_KEY))
+    agent = Agent(model, output_type=Weather, instructions="Report the weather.")
+    result = agent.run_sync("It is 18 degrees Celsius in Paris.", model_settings={"max_tokens": 200})
+    print(result.output, result.usage)
+    assert isinstance(result.output, Weather) and len(result.output.city) <= 16
