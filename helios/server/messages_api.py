@@ -51,10 +51,10 @@ def anthropic_error(error: APIError) -> dict:
 # %% auto #0
 __all__ = ['MESSAGES_PATH', 'ANTHROPIC_ERROR_TYPES', 'CacheControl', 'ROLE_BLOCKS', 'Block', 'error_json', 'anthropic_error',
            'TextBlock', 'ToolUseBlock', 'ToolResultBlock', 'ThinkingBlock', 'RedactedThinkingBlock', 'Message', 'Tool',
-           'ToolChoice', 'Thinking', 'CountTokensRequest', 'MessagesRequest', 'joined', 'user_messages',
-           'assistant_message', 'chat_messages', 'thinking_kwargs', 'as_chat_request', 'render_messages',
-           'messages_grammar', 'tool_use_json', 'content_blocks', 'matched_stop', 'stop_reason', 'usage_json',
-           'MessagesJob', 'sse_event', 'ContentBlocks', 'add_messages_routes']
+           'ToolChoice', 'Thinking', 'OutputFormat', 'OutputConfig', 'CountTokensRequest', 'MessagesRequest', 'joined',
+           'user_messages', 'assistant_message', 'chat_messages', 'thinking_kwargs', 'as_chat_request',
+           'render_messages', 'messages_grammar', 'tool_use_json', 'content_blocks', 'matched_stop', 'stop_reason',
+           'usage_json', 'MessagesJob', 'sse_event', 'ContentBlocks', 'add_messages_routes']
 
 # %% ../../nbs/13b_messages_api.ipynb #edbe2194
 _STRICT = ConfigDict(extra="forbid")
@@ -194,7 +194,25 @@ class Thinking(BaseModel):
             raise ValueError("type 'enabled' needs budget_tokens: how many tokens the model may think for")
         return self
 
-# %% ../../nbs/13b_messages_api.ipynb #b399984f
+# %% ../../nbs/13b_messages_api.ipynb #e9c755eb
+class OutputFormat(BaseModel):
+    model_config = _STRICT
+    type: Literal["json_schema"]
+    json_schema: Annotated[dict[str, Any], Field(alias="schema")]
+
+
+class OutputConfig(BaseModel):
+    "How the answer is written: `format`, a JSON schema it must follow; `effort`, accepted and not used."
+    model_config = _STRICT
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+    def response_format(self) -> dict | None:
+        "The response_format (chapter 13) of the format."
+        if self.format is None: return None
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": self.format.json_schema}}
+
+# %% ../../nbs/13b_messages_api.ipynb #2efcff65
 class CountTokensRequest(BaseModel):
     "POST /v1/messages/count_tokens: the conversation, tools and thinking of a request, as it would be rendered."
     model_config = _STRICT
@@ -204,6 +222,7 @@ class CountTokensRequest(BaseModel):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
     cache_control: CacheControl = None
 
     @model_validator(mode="after")
@@ -241,7 +260,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: dict[str, Any] | None = None               # {"user_id": ...}: accepted, not used
     service_tier: Literal["auto", "standard_only"] | None = None   # one tier here
 
-# %% ../../nbs/13b_messages_api.ipynb #81758c0d
+# %% ../../nbs/13b_messages_api.ipynb #a9174721
 def joined(blocks) -> str: return "\n".join(b.text for b in blocks)
 
 
@@ -274,7 +293,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
     for m in body.messages: out += user_messages(m) if m.role == "user" else [assistant_message(m)]
     return out
 
-# %% ../../nbs/13b_messages_api.ipynb #0dd7c05d
+# %% ../../nbs/13b_messages_api.ipynb #71a3f826
 def thinking_kwargs(tokenizer: Tokenizer, thinking: Thinking | None) -> dict | None:
     "The template variable a `thinking` setting becomes, for a template that reads `enable_thinking`."
     if thinking is None or thinking.type == "adaptive" or "enable_thinking" not in tokenizer.template_variables:
@@ -288,7 +307,8 @@ def as_chat_request(body: CountTokensRequest, tokenizer: Tokenizer) -> ChatCompl
     chat = {"messages": chat_messages(body), "tools": [t.as_function() for t in body.tools] if body.tools else None,
             "tool_choice": choice.as_openai() if choice else None,
             "parallel_tool_calls": False if choice and choice.disable_parallel_tool_use else None,
-            "chat_template_kwargs": thinking_kwargs(tokenizer, body.thinking)}
+            "chat_template_kwargs": thinking_kwargs(tokenizer, body.thinking),
+            "response_format": body.output_config.response_format() if body.output_config else None}
     if isinstance(body, MessagesRequest):
         chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, stream=body.stream)
@@ -312,7 +332,7 @@ def messages_grammar(grammars, tokenizer: Tokenizer, chat: ChatCompletionRequest
         e.message = e.message.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
         raise
 
-# %% ../../nbs/13b_messages_api.ipynb #2e19469f
+# %% ../../nbs/13b_messages_api.ipynb #f62122e7
 def tool_use_json(call: dict, with_input: bool = True) -> dict:
     "An OpenAI tool call (chapter 13's `tool_call_json`) as a tool_use block; a stream starts it with an empty input."
     fn = call["function"]
@@ -346,7 +366,7 @@ def usage_json(out: RequestOutput) -> dict:
     return {"input_tokens": len(out.prompt_token_ids) - out.cached_tokens, "output_tokens": len(out.token_ids),
             "cache_read_input_tokens": out.cached_tokens, "cache_creation_input_tokens": 0}
 
-# %% ../../nbs/13b_messages_api.ipynb #4399f008
+# %% ../../nbs/13b_messages_api.ipynb #45912038
 class MessagesJob(Job):
     "One Messages request: chapter 13's Job (submit, wait or stream, cancel on disconnect), answered as a message."
     def __init__(self, llm: LLM, metrics: ServerMetrics, model: str, prompt_ids: list[int], params, body,
@@ -370,7 +390,7 @@ def _final_body(self: MessagesJob, outs: list[RequestOutput]) -> dict:
     message, called = self.shape.message(outs[0].outputs[0].text)
     return self.message_json(outs[0], content_blocks(message), called)
 
-# %% ../../nbs/13b_messages_api.ipynb #309c5bf8
+# %% ../../nbs/13b_messages_api.ipynb #8d06d68d
 def sse_event(kind: str, payload: dict) -> str:
     "One named server-sent event, as Anthropic's stream sends them."
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n"
@@ -407,7 +427,7 @@ class ContentBlocks:
         events = self._start(kind, empty[kind]) if self.open != kind else []
         return events + [sse_event("content_block_delta", {"index": self.index, "delta": delta})]
 
-# %% ../../nbs/13b_messages_api.ipynb #dd59dd37
+# %% ../../nbs/13b_messages_api.ipynb #16773f98
 @patch
 async def _sse(self: MessagesJob, streams) -> AsyncIterator[str]:
     try:
@@ -443,7 +463,7 @@ async def _events(self: MessagesJob, streams) -> AsyncIterator[str]:
                                                     "stop_sequence": final["stop_sequence"]}, "usage": final["usage"]})
         yield sse_event("message_stop", {})
 
-# %% ../../nbs/13b_messages_api.ipynb #f3161e1a
+# %% ../../nbs/13b_messages_api.ipynb #5d9dad57
 def add_messages_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
     "POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API on the chat engine path."
     name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)

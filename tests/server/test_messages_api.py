@@ -319,3 +319,21 @@ def test_pydantic_ai_extracts_a_typed_object(server):
     result = agent.run_sync("It is 18 degrees Celsius in Paris.", model_settings={"max_tokens": 200})
     print(result.output, result.usage)
     assert isinstance(result.output, Weather) and len(result.output.city) <= 16
+
+
+def test_structured_output_through_messages_parse(claude):
+    "output_config.format (the SDK's messages.parse) is enforced by the same grammar as chat's response_format."
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):   # bounded fields: the SDK moves a string's maxLength into its description
+        unit: Literal["celsius", "fahrenheit"]
+        sunny: bool
+
+    r = claude.messages.parse(model="tiny", max_tokens=200, messages=ASK, output_format=Weather, thinking=NO_THINKING)
+    assert isinstance(r.parsed_output, Weather) and r.stop_reason == "end_turn", r
+    with pytest.raises(anthropic.BadRequestError) as e:   # a forced call and a format both fix the answer's form
+        claude.messages.create(model="tiny", max_tokens=8, messages=ASK, tools=TOOLS, tool_choice={"type": "any"},
+                               output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert e.value.body["error"]["type"] == "invalid_request_error"
