@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # torch, the engine and the server load when a command runs, 
     from helios.server.app import RouteAdder
 
 # %% auto #0
-__all__ = ['LOG_LEVELS', 'SERVED_APIS', 'module_constant', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count',
-           'run_generate', 'run_chat', 'main']
+__all__ = ['LOG_LEVELS', 'module_constant', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate',
+           'run_chat', 'served_apis', 'main']
 
 # %% ../nbs/90_cli.ipynb #4c8f0e32
 def module_constant(module: str, name: str):
@@ -282,7 +282,10 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         history.append({"role": "assistant", "content": _answer(llm, prompt, _params(args), out)})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
-SERVED_APIS: tuple[RouteAdder, ...] = ()  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
+def served_apis() -> tuple[RouteAdder, ...]:
+    "The API shapes `helios serve` adds to OpenAI's (chapter 13's `create_app`), imported only when it serves."
+    from helios.server.messages_api import add_messages_routes
+    return (add_messages_routes,)
 
 
 def main(argv: list[str] | None = None):
@@ -304,7 +307,7 @@ def main(argv: list[str] | None = None):
             from helios.server.app import ServerSettings, serve, served_name
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
-            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, SERVED_APIS)
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, served_apis())
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:

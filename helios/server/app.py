@@ -192,6 +192,7 @@ def create_app(llm: LLM, settings: ServerSettings, apis: Sequence[RouteAdder] = 
     app = FastAPI(title="Helios", version="1", **docs)
     metrics = ServerMetrics(llm, settings.served_model_name)
     app.state.llm, app.state.metrics, app.state.settings = llm, metrics, settings
+    app.state.error_shapes = {}   # path prefix -> ErrorShape: an API whose errors are not in OpenAI's shape
     count = lambda status: metrics.errors.labels(**metrics.labels, status=str(status)).inc()
     install_error_handlers(app, count)
     app.add_middleware(Edge, rules=settings.edge, count=count)

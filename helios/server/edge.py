@@ -11,7 +11,7 @@ __all__ = ['DEFAULT_MAX_REQUEST_BYTES', 'PUBLIC_PATHS', 'EdgeRules', 'Edge']
 import hmac
 from dataclasses import dataclass
 
-from .errors import APIError
+from .errors import APIError, error_shape
 
 DEFAULT_MAX_REQUEST_BYTES = 2**20  # 1 MiB: see "The edge" for why
 PUBLIC_PATHS = frozenset({"/health"})
@@ -33,9 +33,11 @@ class EdgeRules:
             raise ValueError("the API key must be printable ASCII without surrounding spaces (it travels in an HTTP header)")
         if self.max_request_bytes < 1: raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
 
-    def key_matches(self, authorization: bytes) -> bool:
-        "Constant-time comparison of the raw header, so the time taken says nothing about how much was right."
-        return hmac.compare_digest(authorization, f"Bearer {self.api_key}".encode("ascii"))
+    def key_matches(self, authorization: bytes, x_api_key: bytes = b"") -> bool:
+        """Constant-time comparisons of the raw headers (`Authorization: Bearer <key>`, or `x-api-key: <key>` as
+        Anthropic's clients send it), so the time taken says nothing about how much was right."""
+        bearer = hmac.compare_digest(authorization, f"Bearer {self.api_key}".encode("ascii"))
+        return hmac.compare_digest(x_api_key, self.api_key.encode("ascii")) | bearer
 
 # %% ../../nbs/13_server.ipynb #e3b05999
 def _header(scope: dict, name: bytes) -> bytes | None:
@@ -66,12 +68,14 @@ class Edge:
             body = await self._read_body(scope, receive) if scope["method"] in ("POST", "PUT", "PATCH") else None
         except APIError as e:
             self.count(e.status)
-            return await e.response()(scope, receive, send)
+            return await e.response(error_shape(scope))(scope, receive, send)
         await self.app(scope, receive if body is None else _replay(body, receive), send)
 
     def _check_headers(self, scope):
-        if not self.rules.is_public(scope["path"]) and not self.rules.key_matches(_header(scope, b"authorization") or b""):
-            raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        if not self.rules.is_public(scope["path"]) and not self.rules.key_matches(
+                _header(scope, b"authorization") or b"", _header(scope, b"x-api-key") or b""):
+            raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                           code="invalid_api_key")
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.rules.max_request_bytes:
             raise self._too_large(int(length))   # refused before a byte of the body is read

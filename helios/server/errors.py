@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['ERROR_TYPES', 'ERROR_RESPONSES', 'TYPE_TAGS', 'error_body', 'APIError', 'ErrorDetail', 'ErrorBody', 'validation_error', 'http_error', 'install_error_handlers']
+__all__ = ['ERROR_TYPES', 'ErrorShape', 'ERROR_RESPONSES', 'TYPE_TAGS', 'error_body', 'APIError', 'openai_error', 'ErrorDetail', 'ErrorBody', 'validation_error', 'http_error', 'error_shape', 'install_error_handlers']
 
 # %% ../../nbs/13_server.ipynb #4c1bef0d
+from typing import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -27,6 +29,9 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+ErrorShape = Callable[["APIError"], dict]   # an error's JSON body in one API's shape; OpenAI's is the default
+
+
 class APIError(Exception):
     "An error response: HTTP status plus OpenAI's error fields."
     def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
@@ -36,9 +41,13 @@ class APIError(Exception):
         self.type = type or ERROR_TYPES.get(status, "invalid_request_error")
         self.headers = headers or {}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status,
-                            headers=self.headers)
+    def response(self, shape: ErrorShape | None = None) -> JSONResponse:
+        return JSONResponse((shape or openai_error)(self), status_code=self.status, headers=self.headers)
+
+
+def openai_error(error: APIError) -> dict: return error_body(error.message, error.type, error.param, error.code)
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -104,21 +113,28 @@ def http_error(request: Request, exc: HTTPException) -> APIError:
     return APIError(exc.status_code, str(exc.detail), headers=exc.headers)
 
 
+def error_shape(scope: dict) -> ErrorShape:
+    "The shape of errors on a request's path: one an API registered for its prefix on `app.state.error_shapes`, else OpenAI's."
+    shapes = getattr(getattr(scope.get("app"), "state", None), "error_shapes", {})
+    return next((shape for prefix, shape in shapes.items() if scope.get("path", "").startswith(prefix)), openai_error)
+
+
 def install_error_handlers(app: FastAPI, count):
-    "Every error the app answers, in OpenAI's shape; `count(status)` is called for each."
-    def answer(error: APIError) -> JSONResponse:
+    "Every error the app answers, in its path's shape (`error_shape`); `count(status)` is called for each."
+    def answer(request: Request, error: APIError) -> JSONResponse:
         count(error.status)
-        return error.response()
+        return error.response(error_shape(request.scope))
 
     @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError): return answer(exc)
+    async def _api_error(request: Request, exc: APIError): return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_body(request: Request, exc: RequestValidationError): return answer(validation_error(exc.errors()))
+    async def _invalid_body(request: Request, exc: RequestValidationError):
+        return answer(request, validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException): return answer(http_error(request, exc))
+    async def _http_error(request: Request, exc: HTTPException): return answer(request, http_error(request, exc))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception):
-        return answer(APIError(500, f"internal server error ({type(exc).__name__}); the request was not completed"))
+        return answer(request, APIError(500, f"internal server error ({type(exc).__name__}); the request was not completed"))
