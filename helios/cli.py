@@ -20,7 +20,7 @@ from .config import EngineConfig, Setting, settings
 from .distributed.launch import join_as_worker, rank_env
 from .llm import LLM
 from .sampling import SamplingParams
-from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
+from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, limits_epilog, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
 
 # %% auto #0
@@ -85,8 +85,13 @@ def _add_sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--seed", type=int, default=None, help="seed the sampling (default: fresh randomness)")
 
 
+class _HelpWithLimits(argparse.RawDescriptionHelpFormatter, _Help):
+    "_Help, with the epilog (the server's limits) kept as written."
+
+
 def _serve_parser(sub) -> argparse.ArgumentParser:
-    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_Help)
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_HelpWithLimits,
+                         epilog=limits_epilog())
     srv.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="the address to listen on [HELIOS_HOST]")
     srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="the port to listen on [HELIOS_PORT]")
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"), help="the name clients send as 'model'")
