@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from helios.sampling import InvalidParam, SamplingParams, draw_uniforms, make_generator, pick_tokens, unpack_token_masks
-from helios.structured import (COMPACT_JSON, GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks,
-                               apply_token_masks, fill_token_masks, forbid_tokens, json_object_grammar,
-                               json_schema_grammar, lark_grammar)
+from helios.structured import (COMPACT_JSON, MAX_OPTIONAL_PROPERTIES, MAX_SCHEMA_PROPERTIES, GrammarMatcher,
+                               GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks, apply_token_masks,
+                               check_schema_limits, fill_token_masks, forbid_tokens, is_grammar_failure,
+                               json_object_grammar, json_schema_grammar, lark_grammar, unending_ref)
 
 V = 49_152
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -266,9 +267,6 @@ def test_pick_tokens_picks_only_allowed_tokens_greedy_and_sampled(tok, grammars)
 
 
 # --- stated limits on a schema, the probe at the door, and a library that raises (issue 45)
-from helios.structured import (MAX_OPTIONAL_PROPERTIES, MAX_SCHEMA_PROPERTIES, GrammarMatcher, check_schema_limits,
-                               is_grammar_failure, unending_ref)
-
 CYCLIC = {"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}},
           "$ref": "#/$defs/a"}
 
