@@ -129,7 +129,7 @@ class _Finiteness:
             if alternatives := [self.finite(s) for s in _subschemas(node, key)]: parts.append(any(alternatives))
         types = node.get("type")
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-        containers_only = bool(types) and set(types) <= {"object", "array"} and "const" not in node and "enum" not in node
+        containers_only = bool(types) and all(t in ("object", "array") for t in types) and not {"const", "enum"} & node.keys()
         if containers_only: parts.append(("object" in types and self._finite_object(node))
                                          or ("array" in types and self._finite_array(node)))
         return all(parts)
@@ -163,7 +163,7 @@ def unending_ref(schema: dict) -> str | None:
             for ref in [r for r, ok in walk.known.items() if not ok]:
                 walk.known[ref] = walk.finite(walk.resolve(ref))
             if walk.known == before: break
-    except _TooIntricate: return None
+    except (_TooIntricate, RecursionError): return None   # no verdict: the library's, and the probe's
     return next((ref for ref, ok in walk.known.items() if not ok), None)
 
 

@@ -65,6 +65,7 @@ def _is_type_tag(part) -> bool:
 
 
 def too_deep() -> APIError:
+    "A body nested past what the JSON parser reads: valid JSON, refused for its depth."
     return APIError(400, f"the body is nested deeper than this server accepts: at most {MAX_JSON_DEPTH} levels of "
                          "arrays and objects inside its top-level value", code="body_too_deep")
 

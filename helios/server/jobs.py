@@ -48,7 +48,7 @@ def engine_error(error: str, grammar_param: str | None) -> APIError:
     field that carried the grammar (code `grammar_failed`); anything else is the server's failure, a 500."""
     if not is_grammar_failure(error): return APIError(500, error)
     return APIError(400, f"{grammar_param or 'the grammar'} could not be followed to the end by the grammar library, "
-                         f"so this request was ended (and only it): {error}. Simplify the schema, or send it without",
+                         f"so this request was ended (and only it): {error}; simplify the schema and send it again",
                     param=grammar_param, code="grammar_failed")
 
 
