@@ -108,8 +108,26 @@ def _add_sampling_args(p: argparse.ArgumentParser):
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]   # uvicorn's
 
 
+class _HelpWithLimits(argparse.RawDescriptionHelpFormatter, _Help):
+    "_Help, with the epilog (the server's limits) kept as written."
+
+
+def _limits_epilog() -> str:
+    "The server's limits (chapter 13's table) for `helios serve --help`; the server's modules load only then."
+    from helios.server.app import limits_epilog
+    return limits_epilog()
+
+
+class _Parser(argparse.ArgumentParser):
+    "An ArgumentParser whose epilog may be a function, called only when its help is printed."
+    def format_help(self) -> str:
+        if callable(self.epilog): self.epilog = self.epilog()
+        return super().format_help()
+
+
 def _serve_parser(sub) -> argparse.ArgumentParser:
-    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_Help)
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_HelpWithLimits,
+                         epilog=_limits_epilog)
     srv.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="the address to listen on [HELIOS_HOST]")
     srv.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="the port to listen on [HELIOS_PORT]")
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
@@ -172,7 +190,7 @@ def _bench_parser(sub) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios", description="Helios: a small, readable LLM inference engine",
                                      formatter_class=_Help)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _serve_parser(sub); _bench_parser(sub)
     gen = sub.add_parser("generate", help="answer one prompt and exit", formatter_class=_Help)
     gen.add_argument("prompt")

@@ -16,14 +16,16 @@ import llguidance.torch
 import torch
 from fastcore.basics import patch
 
-from .sampling import MASK_BITS, Completion, InvalidParam, SampledToken, shown
+from .sampling import MASK_BITS, Completion, InvalidParam, SampledToken, shown, unpack_token_masks
 from .sampling import apply_token_masks as apply_token_masks  # re-exported: the sampler applies masks (chapter 07)
 from .tokenizer import Tokenizer
 
 # %% auto #0
-__all__ = ['COMPACT_JSON', 'MAX_REASON_CHARS', 'MASK_THREADS', 'json_schema_grammar', 'json_object_grammar', 'lark_grammar',
-           'GrammarViolation', 'GrammarMatcher', 'TokenGrammars', 'allocate_token_masks', 'forbid_tokens', 'MaskRow',
-           'TickMasks', 'fill_token_masks', 'append_token']
+__all__ = ['COMPACT_JSON', 'MAX_REASON_CHARS', 'MAX_OPTIONAL_PROPERTIES', 'MAX_SCHEMA_PROPERTIES', 'MAX_SCHEMA_VISITS',
+           'MASK_THREADS', 'PROBE_STEPS', 'PROBE_WIDTH', 'json_schema_grammar', 'json_object_grammar', 'lark_grammar',
+           'check_schema_limits', 'unending_ref', 'GrammarViolation', 'is_grammar_failure', 'GrammarMatcher',
+           'TokenGrammars', 'allocate_token_masks', 'forbid_tokens', 'MaskRow', 'TickMasks', 'fill_token_masks',
+           'append_token']
 
 # %% ../nbs/07a_structured_output.ipynb #92bc103d
 COMPACT_JSON = {"whitespace_flexible": False}  # llguidance's JSON options: no optional whitespace anywhere
@@ -35,13 +37,15 @@ def _reason(message: str) -> str:
     return message.split("\n<state>")[0].strip()[:MAX_REASON_CHARS]
 
 
-def json_schema_grammar(schema: dict) -> str:
-    "The grammar of compact JSON text valid under a JSON schema (a dict)."
+def json_schema_grammar(schema: dict, param: str = "response_format",
+                        where: str = "response_format.json_schema.schema") -> str:
+    "The grammar of compact JSON text valid under a JSON schema (a dict); `where` names it in errors (see the limits below)."
     if not isinstance(schema, dict):
-        raise InvalidParam("response_format", f"a JSON schema must be a JSON object, got {shown(schema)}")
+        raise InvalidParam(param, f"a JSON schema must be a JSON object, got {shown(schema)}")
+    check_schema_limits(schema, param, where)
     try: return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
     except (TypeError, ValueError) as e:
-        raise InvalidParam("response_format", f"the JSON schema cannot be read: {_reason(str(e))}") from None
+        raise InvalidParam(param, f"the JSON schema cannot be read: {_reason(str(e))}") from None
 
 
 def json_object_grammar() -> str:
@@ -54,12 +58,126 @@ def lark_grammar(text: str) -> str:
     if not isinstance(text, str): raise InvalidParam("grammar", f"a Lark grammar must be a string, got {shown(text)}")
     return llguidance.LLMatcher.grammar_from_lark(text)
 
+# %% ../nbs/07a_structured_output.ipynb #7bdbfc28
+MAX_OPTIONAL_PROPERTIES = 256  # in one object: llguidance's parser holds about 4 items per optional property in one row and refuses a row past 2,000
+MAX_SCHEMA_PROPERTIES = 5_000  # in one schema, all objects together (OpenAI's limit): compiling grows with them (see below)
+MAX_SCHEMA_VISITS = 200_000    # schema nodes the $ref check may visit; past it the verdict is left to the library and the probe
+
+
+def _schema_nodes(schema, where: str):
+    "Every object of a schema, with its path (`where.properties.a.items`), depth first."
+    stack = [(where, schema)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            yield path, node
+            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", value) for i, value in reversed(list(enumerate(node))))
+
+
+def check_schema_limits(schema: dict, param: str = "response_format", where: str = "response_format.json_schema.schema"):
+    "InvalidParam(param, ...) naming the part of a schema past a stated limit, or a $ref whose values can never end."
+    total = 0
+    for path, node in _schema_nodes(schema, where):
+        properties = node.get("properties")
+        if not isinstance(properties, dict): continue
+        required = node.get("required") if isinstance(node.get("required"), list) else []
+        optional = len(properties.keys() - {name for name in required if isinstance(name, str)})
+        if optional > MAX_OPTIONAL_PROPERTIES:
+            raise InvalidParam(param, f"{path}.properties has {optional:,} optional properties (not in 'required'); an "
+                                      f"object may have at most {MAX_OPTIONAL_PROPERTIES:,}, past which the grammar "
+                                      "library cannot follow it: list more of them in 'required', or split the object")
+        total += len(properties)
+    if total > MAX_SCHEMA_PROPERTIES:
+        raise InvalidParam(param, f"{where} has {total:,} properties in all; a schema may have at most "
+                                  f"{MAX_SCHEMA_PROPERTIES:,}")
+    if (ref := unending_ref(schema)) is not None:
+        raise InvalidParam(param, f"{where}: the $ref {ref!r} can never end: every value it allows must hold another "
+                                  "value of it (a cycle of required $refs); make the way round the cycle optional "
+                                  "(a property not required, minItems 0, or an alternative without the $ref)")
+
+
+# %% ../nbs/07a_structured_output.ipynb #98e08ef7
+class _TooIntricate(Exception): pass
+
+
+class _Finiteness:
+    "Which local $refs of a schema allow a finite value: a least fixed point, as for a grammar's productive symbols."
+    def __init__(self, root: dict):
+        self.root, self.known, self.visits = root, {}, 0   # known: $ref -> has a finite value (False until shown)
+
+    def resolve(self, ref: str):
+        if ref != "#" and not ref.startswith("#/"): return True   # an anchor: the library resolves it, or refuses
+        node = self.root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node): node = node[int(part)]
+            elif isinstance(node, dict) and part in node: node = node[part]
+            else: return True   # a dangling $ref is the library's to refuse
+        return node
+
+    def finite(self, node) -> bool:
+        "Whether some value valid under node is finite, given what is known of the $refs."
+        if not isinstance(node, dict): return node is not False
+        self.visits += 1
+        if self.visits > MAX_SCHEMA_VISITS: raise _TooIntricate()
+        parts = []
+        if isinstance(ref := node.get("$ref"), str) and ref.startswith("#"): parts.append(self.known.setdefault(ref, False))
+        parts += [self.finite(s) for s in _subschemas(node, "allOf")]
+        for key in ("anyOf", "oneOf"):
+            if alternatives := [self.finite(s) for s in _subschemas(node, key)]: parts.append(any(alternatives))
+        types = node.get("type")
+        types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+        containers_only = bool(types) and all(t in ("object", "array") for t in types) and not {"const", "enum"} & node.keys()
+        if containers_only: parts.append(("object" in types and self._finite_object(node))
+                                         or ("array" in types and self._finite_array(node)))
+        return all(parts)
+
+    def _finite_object(self, node: dict) -> bool:
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        required = node.get("required") if isinstance(node.get("required"), list) else []
+        extra = node.get("additionalProperties", True)
+        return all(self.finite(properties.get(name, extra)) for name in required if isinstance(name, str))
+
+    def _finite_array(self, node: dict) -> bool:
+        least = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
+        prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+        items = node.get("items", True)
+        return all(self.finite(prefix[i] if i < len(prefix) else items) for i in range(min(least, len(prefix) + 1)))
+
+
+# %% ../nbs/07a_structured_output.ipynb #67edaf5f
+def _subschemas(node: dict, key: str) -> list:
+    value = node.get(key)
+    return value if isinstance(value, list) else []
+
+
+def unending_ref(schema: dict) -> str | None:
+    "A local $ref reached from the schema's root whose every value would hold another of it, else None (also when too intricate to tell)."
+    walk = _Finiteness(schema)
+    try:
+        while True:
+            before = dict(walk.known)
+            walk.finite(schema)
+            for ref in [r for r, ok in walk.known.items() if not ok]:
+                walk.known[ref] = walk.finite(walk.resolve(ref))
+            if walk.known == before: break
+    except (_TooIntricate, RecursionError): return None   # no verdict: the library's, and the probe's
+    return next((ref for ref, ok in walk.known.items() if not ok), None)
+
+
 # %% ../nbs/07a_structured_output.ipynb #836c8792
 MASK_THREADS = 1  # threads llguidance may use for one tick's masks: on a CPU, the forward needs the other cores
 
 
 class GrammarViolation(ValueError):
     "The grammar library refused a token, or failed; the message is its reason."
+
+
+def is_grammar_failure(error: str) -> bool:
+    "Whether an engine's error message is a grammar's failure (chapter 11 writes `...: GrammarViolation: reason`)."
+    return f"{GrammarViolation.__name__}: " in error
 
 
 class GrammarMatcher:
@@ -69,12 +187,16 @@ class GrammarMatcher:
 
     def fill_mask(self, bitmask: torch.Tensor, row: int):
         "Write the allowed next tokens into bitmask[row] (int32 [B, W], on the CPU). Releases the GIL while it works."
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        try: llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        except Exception as e: raise GrammarViolation(f"the grammar library failed: {type(e).__name__}: {e}") from None
         self._raise_if_error()
 
     def accept(self, token_id: int):
         "Take one sampled token; GrammarViolation if the grammar does not allow it here."
-        if not self._matcher.consume_token(token_id): self._raise_if_error(f"token {token_id} refused: ")
+        try: taken = self._matcher.consume_token(token_id)
+        except Exception as e:   # the library raising, not refusing: still this grammar's failure
+            raise GrammarViolation(f"token {token_id}: the grammar library failed: {type(e).__name__}: {e}") from None
+        if not taken: self._raise_if_error(f"token {token_id} refused: ")
 
     def copy(self) -> GrammarMatcher:
         "An independent matcher in the same state, sharing the compiled grammar (microseconds, where compiling takes milliseconds or more)."
@@ -129,6 +251,10 @@ class TokenGrammars:
         return self._eos or frozenset(self.ll_tokenizer.eos_tokens)
 
 # %% ../nbs/07a_structured_output.ipynb #78d6bd2f
+PROBE_STEPS = 4   # tokens deep the check walks a fresh matcher
+PROBE_WIDTH = 4   # allowed tokens it tries at each step
+
+
 @patch
 def _vocabulary(self: TokenGrammars, grammar: str, param: str) -> llguidance.LLTokenizer:
     "The vocabulary to read a grammar against; InvalidParam when the grammar is not a string or no grammar can be enforced."
@@ -139,9 +265,34 @@ def _vocabulary(self: TokenGrammars, grammar: str, param: str) -> llguidance.LLT
 
 @patch
 def check(self: TokenGrammars, grammar: str, param: str = "response_format"):
-    "Raise InvalidParam(param, the library's reason) unless the grammar can be enforced; compiles nothing to keep."
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocabulary(grammar, param))
-    if is_error: raise InvalidParam(param, f"{param} cannot be enforced: {_reason(messages[0])}")
+    """Raise InvalidParam(param, the library's reason) unless the grammar compiles and its first tokens can be
+    followed (see `probe`); keeps nothing."""
+    compiled = llguidance.LLMatcher(self._vocabulary(grammar, param), grammar, log_level=0)
+    if compiled.is_error(): raise InvalidParam(param, f"{param} cannot be enforced: {_reason(compiled.get_error())}")
+    if (failure := self.probe(GrammarMatcher(compiled))) is not None:
+        raise InvalidParam(param, f"{param} cannot be followed by the grammar library: {failure}")
+
+
+@patch
+def probe(self: TokenGrammars, matcher: GrammarMatcher) -> str | None:
+    """Why the library fails within the first PROBE_STEPS tokens of a grammar, or None: at each step a few of the
+    allowed tokens are tried on copies, then the walk goes on with the first. Consumes the matcher."""
+    mask = torch.full((1, -(-self.vocab_size // MASK_BITS)), -1, dtype=torch.int32)   # int32 [1, W]
+    try:
+        for _ in range(PROBE_STEPS):
+            if matcher.is_finished: return None
+            matcher.fill_mask(mask, 0)
+            allowed = unpack_token_masks(mask, self.vocab_size)[0].nonzero()[:, 0].tolist()
+            tokens = [t for t in allowed if t not in self.eos_token_ids]
+            if not allowed: return "the grammar allows no token here, not even the end"
+            if not tokens: return None   # only the end is left
+            for t in tokens[::max(1, len(tokens) // PROBE_WIDTH)][1:PROBE_WIDTH]:
+                branch = matcher.copy()
+                branch.accept(t)
+                branch.fill_mask(mask, 0)
+            matcher.accept(tokens[0])
+    except GrammarViolation as e: return str(e)
+    return None
 
 
 @patch
@@ -196,17 +347,28 @@ class TickMasks(NamedTuple):
     seconds: float                    # spent filling
 
 
+# %% ../nbs/07a_structured_output.ipynb #ae1b52fd
 def fill_token_masks(masks: torch.Tensor, jobs: list[MaskRow], executor: llguidance.LLExecutor) -> TickMasks:
     "Fill each job's row of masks from its matcher in ONE call into the library (see below); runs on the helper thread."
     start, rows, failures = time.perf_counter(), [], {}
-    llguidance.torch.fill_next_token_bitmask_par(executor, [(job.matcher._matcher, job.row) for job in jobs], masks)
+    try: llguidance.torch.fill_next_token_bitmask_par(executor, [(job.matcher._matcher, job.row) for job in jobs], masks)
+    except Exception: failures = _fill_one_by_one(masks, jobs)   # the library raised: find the rows that fail alone
     for job in jobs:
-        failure = job.matcher.violation()
+        failure = failures.get(job.row) or job.matcher.violation()
         if failure: failures[job.row] = failure
         else:
             _forbid_unless_nothing_left(masks, job.row, job.forbidden)
             rows.append(job.row)
     return TickMasks(masks, rows, failures, time.perf_counter() - start)
+
+
+def _fill_one_by_one(masks: torch.Tensor, jobs: list[MaskRow]) -> dict[int, Exception]:
+    "Fill each job's row alone; the rows whose matcher fails, with its error."
+    failures = {}
+    for job in jobs:
+        try: job.matcher.fill_mask(masks, job.row)
+        except GrammarViolation as e: failures[job.row] = e
+    return failures
 
 
 def append_token(completion: Completion, token: SampledToken, matcher: GrammarMatcher | None) -> str:

@@ -17,7 +17,7 @@ from typing import Iterable, NamedTuple
 import llguidance
 
 from .sampling import InvalidParam
-from .structured import lark_grammar
+from .structured import check_schema_limits, lark_grammar
 from .tokenizer import Tokenizer
 
 # %% auto #0
@@ -101,6 +101,7 @@ def _tool_function(tool: dict, where: str) -> ToolFunction:
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise InvalidParam("tools", f"{where}.function.parameters must be the JSON schema of an object, got {parameters!r}")
     function = ToolFunction(name, description, parameters, fn.get("strict") is True)
+    check_schema_limits(parameters, "tools", f"{where}.function.parameters")   # chapter 07a's stated limits
     if (reason := schema_error(arguments_schema(function))) is not None:
         raise InvalidParam("tools", f"{where}.function.parameters is a schema the grammar library refuses: {reason}")
     return function

@@ -35,7 +35,7 @@ __all__ = ['PROMPT_CHARS_SLACK', 'REQUEST_MODELS', 'RouteAdder', 'CACHE_REPORT_T
            'STREAM_CLOSE_S', 'ServerSettings', 'prompt_chars_limit', 'check_prompt_chars', 'check_model', 'json_body',
            'openapi_with', 'parsed', 'add_status_routes', 'add_generation_routes', 'create_app', 'num_prompts',
            'completion_prompts', 'cache_report_body', 'add_inspection_routes', 'log_to_stderr', 'uvicorn_log_level',
-           'served_name', 'serve']
+           'served_name', 'serve', 'Limit', 'server_limits', 'limits_table', 'limits_epilog']
 
 # %% ../../nbs/13_server.ipynb #c9e84c25
 PROMPT_CHARS_SLACK = 4  # how many characters a token may cover, beyond the longest vocabulary entry (normalisers)
@@ -343,3 +343,73 @@ def serve(llm: LLM, settings: ServerSettings, host: str = "127.0.0.1", port: int
         llm.close()
         print("helios: stopped", file=sys.stderr, flush=True)
     if llm.engine.failure: sys.exit(f"helios: the engine failed: {llm.engine.failure}")
+
+# %% ../../nbs/13_server.ipynb #28e51ccb
+from typing import NamedTuple
+
+from ..config import EngineConfig, settings
+from ..sampling import MAX_LOGPROBS, MAX_N
+from .errors import MAX_JSON_DEPTH
+from .protocol import (MAX_JSON_NODES, MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_PROMPT_TOKEN_IDS, MAX_PROMPTS,
+                                    MAX_STOP_STRINGS, MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS, MAX_TOOLS)
+from ..structured import MAX_OPTIONAL_PROPERTIES, MAX_SCHEMA_PROPERTIES, PROBE_STEPS
+
+
+class Limit(NamedTuple):
+    "One bound the server enforces: what it bounds, its value, the name that holds it, and why that value."
+    what: str
+    value: str
+    name: str
+    reason: str
+
+
+def server_limits() -> list[Limit]:
+    "Every bound a request meets, from the constants that enforce them (the table below and `helios serve --help`)."
+    max_queue = next(s.default for s in settings(EngineConfig) if s.name == "max_queue")
+    return [
+        Limit("request body", f"{DEFAULT_MAX_REQUEST_BYTES:,} bytes", "--max-request-bytes",
+              "holds a prompt of a million characters, more than a 128K-token context; bounds the GIL time of parsing"),
+        Limit("JSON arrays, objects and members in a body", f"{MAX_JSON_NODES:,}", "MAX_JSON_NODES",
+              "parsing costs time per node, not per byte; 4,096 messages need about 12,300"),
+        Limit("nesting depth of a body", f"{MAX_JSON_DEPTH}", "MAX_JSON_DEPTH",
+              "pydantic's JSON parser stops there; no request of this API nests more than a few levels"),
+        Limit("prompts in one completions request", f"{MAX_PROMPTS:,}", "MAX_PROMPTS",
+              "each is a sequence on the wait list"),
+        Limit("token ids in one prompt", f"{MAX_PROMPT_TOKEN_IDS:,}", "MAX_PROMPT_TOKEN_IDS",
+              "more than any context served here"),
+        Limit("characters in one prompt", f"context × longest token × {PROMPT_CHARS_SLACK}", "prompt_chars_limit",
+              "a longer text has more tokens than the context holds: refused without tokenizing it"),
+        Limit("max_tokens", "the context (and KV budget) less the prompt", "Engine.check_fits",
+              f"prompt and output must fit the context; unset, 16 for completions, at most "
+              f"{DEFAULT_CHAT_MAX_TOKENS:,} for chat (admission reserves pages for it)"),
+        Limit("messages in one chat", f"{MAX_MESSAGES:,}", "MAX_MESSAGES", "far above any real conversation"),
+        Limit("tools", f"{MAX_TOOLS}", "MAX_TOOLS", "OpenAI's limit"),
+        Limit("tool calls in one message", f"{MAX_TOOL_CALLS}", "MAX_TOOL_CALLS", "as many as tools"),
+        Limit("stop strings", f"{MAX_STOP_STRINGS}", "MAX_STOP_STRINGS", "each is looked for in every new piece of text"),
+        Limit("logit_bias entries", f"{MAX_LOGIT_BIAS:,}", "MAX_LOGIT_BIAS", "each is a scatter into the logits of every step"),
+        Limit("chat_template_kwargs", f"{MAX_TEMPLATE_KWARGS}", "MAX_TEMPLATE_KWARGS", "a template reads a handful"),
+        Limit("n", f"{MAX_N}", "MAX_N", "each completion is a sequence with its own KV pages"),
+        Limit("logprobs, top_logprobs", f"{MAX_LOGPROBS}", "MAX_LOGPROBS", "OpenAI's top_logprobs limit"),
+        Limit("optional properties in one schema object", f"{MAX_OPTIONAL_PROPERTIES}", "MAX_OPTIONAL_PROPERTIES",
+              "llguidance refuses a parser row past 2,000 items, about 4 per optional property (chapter 07a)"),
+        Limit("properties in one schema", f"{MAX_SCHEMA_PROPERTIES:,}", "MAX_SCHEMA_PROPERTIES",
+              "OpenAI's limit; keeps a grammar's compile to about 0.3 s (SmolLM2's vocabulary, 2-core Xeon)"),
+        Limit("grammar compile and first tokens", f"compiled, first {PROBE_STEPS} tokens walked", "PROBE_STEPS",
+              "at the door, on a worker thread: a grammar the library cannot follow is a 400, not a failure mid-request"),
+        Limit("waiting requests", f"{max_queue:,}", "--max-queue", "past it a request gets 429 and Retry-After"),
+    ]
+
+
+# %% ../../nbs/13_server.ipynb #2395e05e
+def limits_table(limits: list[Limit] | None = None) -> str:
+    "The limits as a markdown table."
+    rows = ["| bound | value | set by | why this value |", "| --- | --- | --- | --- |"]
+    return "\n".join(rows + [f"| {l.what} | {l.value} | `{l.name}` | {l.reason} |" for l in limits or server_limits()])
+
+
+def limits_epilog(limits: list[Limit] | None = None) -> str:
+    "The limits as plain text, for `helios serve --help`."
+    lines = ["limits a request meets (chapter 13, \"Limits\"):"]
+    lines += [f"  {l.what}: {l.value} [{l.name}]\n      {l.reason}" for l in limits or server_limits()]
+    return "\n".join(lines)
+

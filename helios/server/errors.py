@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['ERROR_TYPES', 'ErrorShape', 'ERROR_RESPONSES', 'TYPE_TAGS', 'error_body', 'APIError', 'openai_error', 'ErrorDetail', 'ErrorBody', 'validation_error', 'http_error', 'error_shape', 'install_error_handlers']
+__all__ = ['ERROR_TYPES', 'ErrorShape', 'ERROR_RESPONSES', 'TYPE_TAGS', 'MAX_JSON_DEPTH', 'error_body', 'APIError', 'openai_error', 'ErrorDetail', 'ErrorBody', 'too_deep', 'validation_error', 'http_error', 'error_shape', 'install_error_handlers']
 
 # %% ../../nbs/13_server.ipynb #4c1bef0d
 from typing import Callable
@@ -65,11 +65,18 @@ ERROR_RESPONSES = {"4XX": {"model": ErrorBody, "description": "the request was r
 
 # %% ../../nbs/13_server.ipynb #8ea04727
 TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+MAX_JSON_DEPTH = 200   # arrays and objects inside a body's top-level value: pydantic's JSON parser (jiter) stops there
 
 
 def _is_type_tag(part) -> bool:
     "Pydantic names the union member it tried (`str`, `list[int]`, 'a list of token ids') in a location; users do not."
     return isinstance(part, str) and (part in TYPE_TAGS or any(c in part for c in "[(, "))
+
+
+def too_deep() -> APIError:
+    "A body nested past what the JSON parser reads: valid JSON, refused for its depth."
+    return APIError(400, f"the body is nested deeper than this server accepts: at most {MAX_JSON_DEPTH} levels of "
+                         "arrays and objects inside its top-level value", code="body_too_deep")
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -89,6 +96,8 @@ def validation_error(errors: list[dict]) -> APIError:
             reason += " (a \\uD800-\\uDFFF escape must be half of a surrogate pair: alone it is not Unicode text)"
         elif "unicode code point" in reason:
             reason += " (the body must be UTF-8)"
+        elif "recursion limit" in reason:
+            return too_deep()
         return APIError(400, f"the body is not valid JSON: {reason}")
     if "input" in first and first.get("type") not in ("missing", "value_error"):
         message += f", got {shown(first['input'])}"
@@ -108,8 +117,8 @@ def http_error(request: Request, exc: HTTPException) -> APIError:
                         headers=exc.headers)
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
         cause = exc.__cause__
-        reason = "it is nested too deeply" if isinstance(cause, RecursionError) else str(cause) or type(cause).__name__
-        return APIError(400, f"the body could not be parsed as JSON: {reason}")
+        if isinstance(cause, RecursionError): return too_deep()
+        return APIError(400, f"the body could not be parsed as JSON: {str(cause) or type(cause).__name__}")
     return APIError(exc.status_code, str(exc.detail), headers=exc.headers)
 
 

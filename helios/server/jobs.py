@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['RETRY_AFTER_S', 'DISCONNECT_POLL_S', 'ABORTED', 'submit_error', 'shutdown_error', 'Job']
+__all__ = ['RETRY_AFTER_S', 'DISCONNECT_POLL_S', 'ABORTED', 'submit_error', 'engine_error', 'shutdown_error', 'Job']
 
 # %% ../../nbs/13_server.ipynb #6cea54d7
 import asyncio
@@ -23,6 +23,7 @@ from ..engine import EngineError, RequestOutput, StreamEvent
 from ..llm import LLM
 from ..sampling import SamplingParams
 from ..scheduler import QueueFull
+from ..structured import is_grammar_failure
 from .chat import ChatDeltas, ChatShape, finish_reason, timings_json
 from .errors import APIError, error_body
 from .metrics import ServerMetrics
@@ -43,6 +44,15 @@ def submit_error(e: BaseException) -> BaseException:
     if isinstance(e, EngineError): return APIError(503, str(e), code="server_shutting_down")
     if isinstance(e, ValueError): return APIError(400, str(e), param=getattr(e, "param", None))
     return e
+
+
+def engine_error(error: str, grammar_param: str | None) -> APIError:
+    """A request the engine ended with an error. Its grammar failing in the grammar library is a 400 naming the
+    field that carried the grammar (code `grammar_failed`); anything else is the server's failure, a 500."""
+    if not is_grammar_failure(error): return APIError(500, error)
+    return APIError(400, f"{grammar_param or 'the grammar'} could not be followed to the end by the grammar library, "
+                         f"so this request was ended (and only it): {error}; simplify the schema and send it again",
+                    param=grammar_param, code="grammar_failed")
 
 
 def shutdown_error() -> APIError:
@@ -92,6 +102,12 @@ class Job:
         self._log_end(response.status_code)
         return response
 
+    @property
+    def grammar_param(self) -> str | None:
+        "The field that gave this request its grammar: a forced tool call's tools, else response_format."
+        if getattr(self.body, "forces_tool_call", False): return "tools"
+        return "response_format" if self.params.grammar is not None else None
+
     def _cancel_unfinished(self):
         for r in self.requests: r.cancel()
 
@@ -133,7 +149,7 @@ async def _collect(self: Job, streams, request: Request) -> Response:
     async def consume():
         async for p, event in merged(streams):
             if event.index >= 0: continue
-            if event.error: raise APIError(500, event.error)
+            if event.error: raise engine_error(event.error, self.grammar_param)
             outputs[p] = event.output
 
     task = asyncio.create_task(consume())
@@ -219,7 +235,8 @@ async def _sse_chunks(self: Job, streams) -> AsyncIterator[str]:
     async for p, event in merged(streams):
         if event.index < 0:
             if event.error:
-                yield sse(error_body(event.error, "internal_error"))
+                failure = engine_error(event.error, self.grammar_param)
+                yield sse(error_body(failure.message, failure.type, failure.param, failure.code))
                 return
             finished[p] = event.output
             self.metrics.observe(event.output)

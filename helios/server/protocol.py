@@ -242,6 +242,14 @@ class FunctionCall(BaseModel):
     name: str
     arguments: str   # JSON text as the model wrote it, replayed: not necessarily valid (chapter 05 renders either)
 
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _json_text(cls, arguments):
+        if not isinstance(arguments, str):   # OpenAI's shape: the object serialized, as the model wrote it
+            raise ValueError(f"must be a string of JSON (the arguments object as text, e.g. '{{\"city\": \"Paris\"}}'), "
+                             f"got {shown(arguments)}")
+        return arguments
+
 
 class ToolCallMessage(BaseModel):
     "A call an assistant made earlier in the conversation."
@@ -249,6 +257,13 @@ class ToolCallMessage(BaseModel):
     id: str
     type: Literal["function"]
     function: FunctionCall
+
+    @field_validator("function", mode="before")
+    @classmethod
+    def _an_object(cls, function):
+        if not isinstance(function, (dict, FunctionCall)):
+            raise ValueError(f"must be an object {{\"name\": ..., \"arguments\": \"<JSON text>\"}}, got {shown(function)}")
+        return function
 
 
 # What each role needs, for the OpenAPI spec (the validators below are what enforce it)
@@ -287,6 +302,7 @@ class ChatMessage(BaseModel):
         "Say plainly what is wrong (no content, an image part, text that is not a string) before the types would."
         if content is None:
             if info.data.get("role") == "assistant" and info.data.get("tool_calls"): return None
+            if "tool_calls" not in info.data: return None   # its tool_calls were refused: that error names the field
             raise ValueError("content is required: a string or a list of text parts "
                              "(only an assistant message with tool_calls may omit it)")
         if not isinstance(content, list): return content

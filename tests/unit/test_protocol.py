@@ -248,3 +248,28 @@ def test_replayed_arguments_need_not_be_a_json_object(arguments):
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
     body = ChatCompletionRequest.model_validate({"messages": [{"role": "assistant", "tool_calls": [call]}]})
     assert body.messages[0].tool_calls[0].function.arguments == arguments
+
+
+@pytest.mark.parametrize("function, param, words", [
+    ({"name": "get_weather", "arguments": {"city": "Paris"}}, "messages[1].tool_calls[0].function.arguments",
+     ["must be a string of JSON", "'city'"]),
+    ("get_weather", "messages[1].tool_calls[0].function", ["must be an object", "'get_weather'"]),
+])
+def test_a_tool_call_in_the_history_names_its_wrong_field(function, param, words):
+    call = {"id": "call_1", "type": "function", "function": function}
+    for content in (None, "calling"):
+        error = refusal(ChatCompletionRequest, {"messages": [CHAT["messages"][0], {
+            "role": "assistant", "content": content, "tool_calls": [call]}]})
+        assert error.param == param and error.message.startswith(f"{param}: "), error.message
+        assert all(w in error.message for w in words) and "content" not in error.message, error.message
+
+
+def test_a_body_nested_too_deeply_says_so_with_the_limit():
+    from helios.server.errors import MAX_JSON_DEPTH
+    def nested(levels):   # arrays and objects inside the top-level object: chat_template_kwargs, then arrays
+        return json.dumps(CHAT)[:-1].encode() + b', "chat_template_kwargs": {"k": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}}"
+    parse_body(ChatCompletionRequest, nested(MAX_JSON_DEPTH))
+    with pytest.raises(APIError) as e: parse_body(ChatCompletionRequest, nested(MAX_JSON_DEPTH + 1))
+    assert e.value.status == 400 and e.value.code == "body_too_deep"
+    assert "nested deeper than this server accepts" in e.value.message and f"at most {MAX_JSON_DEPTH}" in e.value.message
+    assert "not valid JSON" not in e.value.message

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from helios.sampling import InvalidParam, SamplingParams, draw_uniforms, make_generator, pick_tokens, unpack_token_masks
-from helios.structured import (COMPACT_JSON, GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks,
-                               apply_token_masks, fill_token_masks, forbid_tokens, json_object_grammar,
-                               json_schema_grammar, lark_grammar)
+from helios.structured import (COMPACT_JSON, MAX_OPTIONAL_PROPERTIES, MAX_SCHEMA_PROPERTIES, GrammarMatcher,
+                               GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks, apply_token_masks,
+                               check_schema_limits, fill_token_masks, forbid_tokens, is_grammar_failure,
+                               json_object_grammar, json_schema_grammar, lark_grammar, unending_ref)
 
 V = 49_152
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -263,3 +264,110 @@ def test_pick_tokens_picks_only_allowed_tokens_greedy_and_sampled(tok, grammars)
         assert picked[1] == free[1] and picked[3] == free[3]                        # unlisted rows: as if no masks
         raw = logits[2].log_softmax(-1)[picked[2].token_id].item()
         assert picked[2].logprobs.logprob == pytest.approx(raw, abs=1e-5)         # logprobs: the raw model's
+
+
+# --- stated limits on a schema, the probe at the door, and a library that raises (issue 45)
+CYCLIC = {"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}},
+          "$ref": "#/$defs/a"}
+
+
+def wide(n: int, required: int = 0) -> dict:
+    names = [f"p{i}" for i in range(n)]
+    return {"type": "object", "properties": {p: {"type": "integer"} for p in names}, "required": names[:required]}
+
+
+def unchecked(schema: dict) -> str:
+    "The grammar of a schema, past the stated limits: what the library alone would take."
+    import llguidance
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
+
+
+def test_optional_properties_past_the_limit_are_refused_naming_the_object():
+    with pytest.raises(InvalidParam) as e: json_schema_grammar({"type": "object", "properties": {"a": wide(10_000)}})
+    assert e.value.param == "response_format"
+    assert str(e.value).startswith("response_format.json_schema.schema.properties.a.properties has 10,000 optional")
+    assert f"at most {MAX_OPTIONAL_PROPERTIES}" in str(e.value)
+    json_schema_grammar(wide(MAX_OPTIONAL_PROPERTIES))                         # at the limit: fine
+    json_schema_grammar(wide(2_000, required=2_000 - MAX_OPTIONAL_PROPERTIES))  # required ones are cheap
+
+
+def test_properties_in_all_past_the_limit_are_refused():
+    schema = {"type": "object", "properties": {f"o{k}": wide(200, 200) for k in range(MAX_SCHEMA_PROPERTIES // 200 + 1)}}
+    with pytest.raises(InvalidParam, match=f"properties in all; a schema may have at most {MAX_SCHEMA_PROPERTIES:,}"):
+        json_schema_grammar(schema)
+
+
+def test_the_caller_names_where_the_schema_is():
+    with pytest.raises(InvalidParam) as e: check_schema_limits(CYCLIC, "tools", "tools[2].function.parameters")
+    assert e.value.param == "tools" and str(e.value).startswith("tools[2].function.parameters: the $ref '#/$defs/a'")
+
+
+@pytest.mark.parametrize("schema, ref", [
+    (CYCLIC, "#/$defs/a"),
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, "#"),
+    ({"type": "object", "required": ["x"], "properties": {"x": {"allOf": [{"$ref": "#"}]}}}, "#"),
+    ({"$defs": {"a": {"type": "object", "required": ["b"], "properties": {"b": {"$ref": "#/$defs/b"}}},
+                "b": {"type": "array", "minItems": 2, "items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"}, "#/$defs/a"),
+    ({"anyOf": [{"type": "null"}, {"$ref": "#/$defs/a"}], "$defs": CYCLIC["$defs"]}, "#/$defs/a"),  # a path that can't end
+])
+def test_refs_that_can_never_end_are_found(schema, ref):
+    assert unending_ref(schema) == ref
+    with pytest.raises(InvalidParam, match="can never end"): json_schema_grammar(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"next": {"$ref": "#"}}},                             # optional
+    {"type": "object", "required": ["kids"], "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}},
+    {"type": ["object", "null"], "required": ["x"], "properties": {"x": {"$ref": "#"}}},  # null ends it
+    {"properties": {"x": {"$ref": "#"}}, "required": ["x"]},                                # no type: any value
+    {"$defs": {"a": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["x"],
+                                                     "properties": {"x": {"$ref": "#/$defs/a"}}}]}}, "$ref": "#/$defs/a"},
+    {"type": "object", "required": ["x"], "properties": {"x": {"$ref": "#/$defs/nowhere"}}},  # the library's to refuse
+    {"type": "object", "required": ["x"], "properties": {"x": {"enum": [1], "$ref": "#/$defs/a"}},
+     "$defs": {"a": {"type": "integer"}}},
+])
+def test_recursive_schemas_that_can_end_pass(schema):
+    assert unending_ref(schema) is None
+
+
+def test_the_probe_refuses_what_the_library_compiles_but_cannot_follow(grammars):
+    import time
+    for schema in (wide(1_000), CYCLIC):
+        started = time.perf_counter()
+        with pytest.raises(InvalidParam, match="cannot be followed by the grammar library") as e:
+            grammars.check(unchecked(schema), param="tools")
+        assert e.value.param == "tools" and time.perf_counter() - started < 5
+    assert "max is 2000" in str(refusal_of(grammars, unchecked(wide(1_000))))
+    for fine in (json_object_grammar(), json_schema_grammar(PERSON), lark_grammar('start: "a"+'), lark_grammar('start: ""')):
+        grammars.check(fine)
+
+
+def refusal_of(grammars, grammar) -> InvalidParam:
+    with pytest.raises(InvalidParam) as e: grammars.check(grammar)
+    return e.value
+
+
+class RaisingLibraryMatcher:
+    "Stands for llguidance's matcher when it raises instead of entering its error state."
+    def consume_token(self, token_id): raise RuntimeError("injected")
+    def is_error(self): return False
+
+
+def test_a_library_that_raises_is_a_grammar_violation():
+    with pytest.raises(GrammarViolation, match="token 7: the grammar library failed: RuntimeError: injected"):
+        GrammarMatcher(RaisingLibraryMatcher()).accept(7)
+    with pytest.raises(GrammarViolation, match="the grammar library failed"):
+        GrammarMatcher(RaisingLibraryMatcher()).fill_mask(allocate_token_masks(1, V), 0)
+    assert is_grammar_failure("the engine failed while following its grammar: GrammarViolation: token 7 refused")
+    assert not is_grammar_failure("the engine failed while running this request: RuntimeError: boom")
+
+
+def test_fill_token_masks_fails_only_the_rows_whose_matcher_raises(grammars):
+    good = grammars.matcher(json_object_grammar())
+    masks = allocate_token_masks(2, V)
+    filled = fill_token_masks(masks, [MaskRow(0, good), MaskRow(1, GrammarMatcher(RaisingLibraryMatcher()))],
+                              grammars.executor)
+    assert filled.rows == [0] and isinstance(filled.failures[1], GrammarViolation)
+    reference = allocate_token_masks(1, V)
+    grammars.matcher(json_object_grammar()).fill_mask(reference, 0)
+    assert torch.equal(masks[0], reference[0])

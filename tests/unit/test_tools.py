@@ -336,3 +336,14 @@ def test_streaming_equals_parsing_the_whole_text(pieces, data):
     parser = ToolCallParser()
     deltas = [parser.feed(text[a:b]) for a, b in zip([0, *cuts], [*cuts, len(text)])] + [parser.finish()]
     assert without_ids(merge_deltas(deltas)) == without_ids(parse(text))
+
+
+def test_parameters_past_the_schema_limits_are_refused_naming_the_tool():
+    from helios.structured import MAX_OPTIONAL_PROPERTIES
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(10_000)}}
+    cyclic = {"type": "object", "required": ["x"], "properties": {"x": {"$ref": "#"}}}
+    e = refusal(tool_functions, [CLOCK, {"type": "function", "function": {"name": "f", "parameters": wide}}])
+    assert e.param == "tools" and str(e).startswith("tools[1].function.parameters.properties has 10,000 optional")
+    assert f"at most {MAX_OPTIONAL_PROPERTIES}" in str(e)
+    e = refusal(tool_functions, [{"type": "function", "function": {"name": "f", "parameters": cyclic}}])
+    assert e.param == "tools" and "tools[0].function.parameters: the $ref '#' can never end" in str(e)
