@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
@@ -25,10 +25,10 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
-           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype', 'resolve_dtype',
-           'default_model_path', 'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul',
-           'layer_factory', 'build_model', 'read_hf_config', 'expected_shapes', 'check_tensor_shapes', 'LoadedModel',
-           'read_config', 'read_tensors', 'read_and_build', 'load_model']
+           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype',
+           'resolve_dtype', 'default_model_path', 'find_checkpoint', 'LinearFactory', 'replace_linears',
+           'choose_matmul', 'layer_factory', 'build_model', 'read_hf_config', 'expected_shapes', 'check_tensor_shapes',
+           'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -166,6 +166,7 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Causal
 
 
 # %% ../nbs/04_weights.ipynb #a5c1da81
+MAX_LAYERS = 4096  # far above any released model (DeepSeek-V3: 61); bounds the loops over the layers a config claims
 HF_POSITIVE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "head_dim", "intermediate_size", "max_position_embeddings")  # counts and widths, when given
 
@@ -177,6 +178,8 @@ def read_hf_config(folder: Path) -> ModelConfig:
     except (ValueError, RecursionError) as e: raise ModelFileError(file, f"is not valid JSON ({e})") from None
     if not isinstance(d, dict): raise ModelFileError(file, f"holds a JSON {type(d).__name__}, not an object")
     require_positive(file, {key: d[key] for key in HF_POSITIVE_KEYS if d.get(key) is not None})
+    if d.get("num_hidden_layers", 0) > MAX_LAYERS:
+        raise ModelFileError(file, f"num_hidden_layers is {d['num_hidden_layers']:,}; Helios reads at most {MAX_LAYERS:,} layers")
     heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
     if d.get("head_dim") is None and heads and hidden and hidden % heads:
         raise ModelFileError(file, f"num_attention_heads={heads} does not divide hidden_size={hidden}, and no head_dim is given")
@@ -185,27 +188,27 @@ def read_hf_config(folder: Path) -> ModelConfig:
     except (TypeError, ValueError, ZeroDivisionError) as e: raise ModelFileError(file, str(e)) from None
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    "The shape of each tensor every checkpoint of this config holds, in the parts all architectures share."
-    h, shapes = cfg.hidden_size, {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
-    if not cfg.tie_word_embeddings: shapes["lm_head.weight"] = (cfg.vocab_size, h)
-    for i in range(cfg.num_layers):
+def expected_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    "The name and shape of each tensor every checkpoint of this config holds, in the parts all architectures share."
+    h, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    yield from [("model.embed_tokens.weight", (cfg.vocab_size, h)), ("model.norm.weight", (h,))]
+    if not cfg.tie_word_embeddings: yield "lm_head.weight", (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):  # lazily: a layer count that no file backs stops at the first missing tensor
         layer = f"model.layers.{i}."
-        shapes[layer + "input_layernorm.weight"] = shapes[layer + "post_attention_layernorm.weight"] = (h,)
+        yield from [(layer + "input_layernorm.weight", (h,)), (layer + "post_attention_layernorm.weight", (h,))]
         if cfg.mla is None:
-            shapes |= {layer + "self_attn.q_proj.weight": (cfg.q_size, h), layer + "self_attn.k_proj.weight": (cfg.kv_size, h),
-                       layer + "self_attn.v_proj.weight": (cfg.kv_size, h), layer + "self_attn.o_proj.weight": (h, cfg.q_size)}
+            yield from [(layer + "self_attn.q_proj.weight", (q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
+                        (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q))]
         if cfg.mla is None and cfg.qk_norm:
-            shapes[layer + "self_attn.q_norm.weight"] = shapes[layer + "self_attn.k_norm.weight"] = (cfg.head_dim,)
+            yield from [(layer + "self_attn.q_norm.weight", (cfg.head_dim,)), (layer + "self_attn.k_norm.weight", (cfg.head_dim,))]
         if not cfg.is_sparse(i):
-            shapes |= {layer + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
-                       layer + "mlp.up_proj.weight": (cfg.intermediate_size, h), layer + "mlp.down_proj.weight": (h, cfg.intermediate_size)}
-    return shapes
+            yield from [(layer + "mlp.gate_proj.weight", (inter, h)), (layer + "mlp.up_proj.weight", (inter, h)),
+                        (layer + "mlp.down_proj.weight", (h, inter))]
 
 
 def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int, ...]]], config_file: Path):
     "Every tensor the config implies is in the checkpoint (`found`: name -> its file and shape), in the implied shape."
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in expected_shapes(cfg):
         if name not in found:
             raise ModelFileError(config_file, f"implies a tensor {name} of shape {list(shape)}, which the checkpoint does not hold")
         file, got = found[name]
@@ -249,7 +252,11 @@ def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: t
 
 def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:
     "The whole model from every tensor of the checkpoint (chapter 16 builds one rank's part instead)."
-    return build_model(cfg, read_tensors(path, cfg, reader, dtype, device))
+    tensors = read_tensors(path, cfg, reader, dtype, device)
+    try: return build_model(cfg, tensors)
+    except RuntimeError as e:  # tensors missing or left over once the shared parts matched the config
+        if "state_dict" not in str(e): raise
+        raise ModelFileError(path, f"its tensors do not make a {cfg.architecture} model: {e}") from None
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",

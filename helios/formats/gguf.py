@@ -248,7 +248,7 @@ GGUF_REQUIRED = ("embedding_length", "attention.head_count", "block_count")  # {
 # %% ../../nbs/04_weights.ipynb #a3b1fb07
 def config_from_gguf(reader: GGUFFile) -> ModelConfig:
     "A `ModelConfig` from GGUF metadata (architectures llama, qwen3 and qwen3moe); metadata that lies raises `ModelFileError`."
-    arch = gguf_field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture", None, str)
     if arch not in GGUF_ARCHITECTURES:
         raise ModelFileError(reader.path, f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
     get = lambda key, default=None, kind=int: gguf_field(reader, f"{arch}.{key}", default, kind)
@@ -266,6 +266,8 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
         ("embedding_length", hidden), ("attention.head_count", num_heads), ("block_count", num_layers),
         ("attention.head_count_kv", num_kv_heads), ("vocab_size (or the tokenizer's tokens)", vocab_size),
         ("context_length", context), ("attention.key_length", head_dim or 1)]})
+    if num_layers > len(reader.tensors):  # every layer holds tensors: a count no file backs is refused before any loop
+        raise ModelFileError(reader.path, f"{arch}.block_count is {num_layers:,}, but the file holds {len(reader.tensors):,} tensors")
     if head_dim is None and hidden % num_heads:
         raise ModelFileError(reader.path, f"{arch}.attention.head_count={num_heads} does not divide "
                                           f"{arch}.embedding_length={hidden}, and no attention.key_length is given")
