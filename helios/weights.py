@@ -20,7 +20,7 @@ from torch import nn
 from .config import ModelConfig, config_from_hf
 from .formats.errors import ModelFileError, require_positive
 from .model.layers import LMHead
-from .model.qwen3 import CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
+from .model.qwen3 import STACKED_PROJECTIONS, CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
 from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice, choose
 
 # %% auto #0
@@ -206,9 +206,17 @@ def expected_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
                         (layer + "mlp.down_proj.weight", (h, inter))]
 
 
+def _stacked_name(name: str) -> str | None:
+    "The stacked tensor (chapter 03's layout, as Helios saves a model) that holds this q/k/v or gate/up tensor."
+    return next((name.replace(f".{part}.", f".{stacked}.") for stacked, parts in STACKED_PROJECTIONS.items()
+                 for part in parts if f".{part}." in name), None)
+
+
 def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int, ...]]], config_file: Path):
-    "Every tensor the config implies is in the checkpoint (`found`: name -> its file and shape), in the implied shape."
+    """Every tensor the config implies is in the checkpoint (`found`: name -> its file and shape), in the implied shape
+    (a stacked q/k/v or gate/up tensor stands for its parts; the model checks its rows when it adopts it)."""
     for name, shape in expected_shapes(cfg):
+        if name not in found and _stacked_name(name) in found: continue
         if name not in found:
             raise ModelFileError(config_file, f"implies a tensor {name} of shape {list(shape)}, which the checkpoint does not hold")
         file, got = found[name]
