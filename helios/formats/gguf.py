@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUF_REQUIRED', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
 
 # %% ../../nbs/04_weights.ipynb #2d518522
 import functools
@@ -229,21 +229,24 @@ def _moe_from_gguf(get, num_layers: int, names: set[str]) -> MoEConfig | None:
     if not get("expert_count"): return None
     layers = tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in names)
     return MoEConfig(get("expert_count"), get("expert_used_count"), get("expert_feed_forward_length"), layers,
-                     norm_topk_prob=get("expert_weights_norm", True, bool))
+                     norm_topk_prob=bool(get("expert_weights_norm", True)))
 
 
 def _rope_scaling_from_gguf(get) -> YarnScaling | None:
     "YaRN from `rope.scaling.*` metadata (Qwen3's long-context setting); any other stretch is refused, never ignored."
-    kind = get("rope.scaling.type", None, str)
-    if kind in (None, "none") or get("rope.scaling.factor", 1.0, float) == 1.0: return None
+    kind = get("rope.scaling.type")
+    if kind in (None, "none") or get("rope.scaling.factor", 1.0) == 1.0: return None
     if kind != "yarn":
         raise ValueError(f"this GGUF stretches RoPE by {kind!r} scaling, which Helios does not read from GGUF; "
                          "load the model's Hugging Face folder instead")
-    return YarnScaling(float(get("rope.scaling.factor", None, float)), get("rope.scaling.original_context_length"),
-                       float(get("rope.scaling.yarn_beta_fast", 32.0, float)), float(get("rope.scaling.yarn_beta_slow", 1.0, float)))
+    return YarnScaling(float(get("rope.scaling.factor")), int(get("rope.scaling.original_context_length")),
+                       float(get("rope.scaling.yarn_beta_fast", 32.0)), float(get("rope.scaling.yarn_beta_slow", 1.0)))
 
 
 GGUF_REQUIRED = ("embedding_length", "attention.head_count", "block_count")  # {arch}.* keys no default stands in for
+GGUF_KINDS = {"attention.layer_norm_rms_epsilon": float, "rope.freq_base": float, "rope.scaling.type": str,
+              "rope.scaling.factor": float, "rope.scaling.yarn_beta_fast": float, "rope.scaling.yarn_beta_slow": float,
+              "expert_weights_norm": bool}  # the type of each {arch}.* key read; the others are integers
 
 # %% ../../nbs/04_weights.ipynb #a3b1fb07
 def config_from_gguf(reader: GGUFFile) -> ModelConfig:
@@ -251,7 +254,7 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
     arch = gguf_field(reader, "general.architecture", None, str)
     if arch not in GGUF_ARCHITECTURES:
         raise ModelFileError(reader.path, f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
-    get = lambda key, default=None, kind=int: gguf_field(reader, f"{arch}.{key}", default, kind)
+    get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default, GGUF_KINDS.get(key, int))
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise ModelFileError(reader.path, "this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does "
@@ -277,8 +280,8 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
             architecture=GGUF_ARCHITECTURES[arch], vocab_size=vocab_size,
             hidden_size=hidden, intermediate_size=get("feed_forward_length") or 0, num_layers=num_layers,
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim or hidden // num_heads,
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, float)),
-            rope_theta=float(get("rope.freq_base", 10000.0, float)), rope_scaling=_rope_scaling_from_gguf(get),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(get),
             max_position_embeddings=context,
             tie_word_embeddings="output.weight" not in names, qk_norm=arch in ("qwen3", "qwen3moe"),
             attention_bias="blk.0.attn_q.bias" in names,
