@@ -181,6 +181,7 @@ def _read_json_object(file: Path) -> dict:
 
 def _backend_from_file(file: Path) -> BackendTokenizer:
     "`tokenizers`' own reader; what it refuses (not JSON, merges that are not pairs of known tokens) names the file."
+    if not file.is_file(): raise ModelFileError(file, "does not exist; a Hugging Face folder needs its tokenizer.json")
     try: return BackendTokenizer.from_file(str(file))
     except Exception as e: raise ModelFileError(file, f"is not a tokenizer the tokenizers library can read ({e})") from None
 
