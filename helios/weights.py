@@ -178,7 +178,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
     except (ValueError, RecursionError) as e: raise ModelFileError(file, f"is not valid JSON ({e})") from None
     if not isinstance(d, dict): raise ModelFileError(file, f"holds a JSON {type(d).__name__}, not an object")
     require_positive(file, {key: d[key] for key in HF_POSITIVE_KEYS if d.get(key) is not None})
-    if d.get("num_hidden_layers", 0) > MAX_LAYERS:
+    if (d.get("num_hidden_layers") or 0) > MAX_LAYERS:
         raise ModelFileError(file, f"num_hidden_layers is {d['num_hidden_layers']:,}; Helios reads at most {MAX_LAYERS:,} layers")
     heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
     if d.get("head_dim") is None and heads and hidden and hidden % heads:

@@ -80,7 +80,7 @@ class GGUFFile:
         "Refuse to read `n_bytes` for `what` unless the file still holds them."
         left = len(self._buf) - self._pos
         if n_bytes > left:
-            raise self._error(f"is truncated or corrupt: {self._what} claims {what} ({n_bytes:,} bytes or more) "
+            raise self._error(f"is truncated or corrupt: {self._what} needs {what} ({n_bytes:,} bytes or more) "
                               f"at byte {self._pos:,}, and only {left:,} bytes follow")
 
     def _unpack(self, fmt: str, what: str):

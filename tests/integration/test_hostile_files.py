@@ -86,7 +86,7 @@ def test_gguf_array_of_strings_claiming_terabytes(tmp_path):
 
 def test_gguf_string_of_gigabytes(tmp_path):
     refused(gguf(tmp_path, fields={"general.name": Raw(8, struct.pack("<Q", 10 * GiB) + b"SmolLM")}),
-            "'general.name' claims .* of 10,737,418,240 bytes")
+            "'general.name' needs .* of 10,737,418,240 bytes")
 
 
 def test_gguf_arrays_nested_too_deep(tmp_path):
