@@ -33,7 +33,8 @@ def refused(path, match: str, load=None, max_bytes: int = 2 << 20) -> str:
     message = str(info.value)
     assert message.startswith(f"{info.value.path}: ") and "\n" not in message, message
     assert str(path) in message or str(info.value.path).startswith(str(path)), message
-    assert time.perf_counter() - start < 5 and peak < path.stat().st_size * 16 + max_bytes, peak
+    size = path.stat().st_size if path.exists() else 0
+    assert time.perf_counter() - start < 5 and peak < size * 16 + max_bytes, peak
     return message
 
 
@@ -316,6 +317,15 @@ def test_safetensors_index_naming_a_file_outside_the_folder(folder):
     refused(folder, "model.safetensors.index.json: names shard '../../etc/passwd'")
 
 
+def test_safetensors_tensor_the_model_has_no_place_for(folder):
+    import torch
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.mystery.weight"] = torch.zeros(2)
+    save_file(tensors, folder / "model.safetensors")
+    refused(folder, "its tensors do not make a qwen3 model: .*Unexpected key.*model.layers.0.mystery.weight")
+
+
 def edit_config(folder, **changes):
     file = folder / "config.json"
     config = {**json.loads(file.read_text()), **changes}
@@ -377,6 +387,10 @@ def test_tokenizer_json_with_malformed_merges(tmp_path, text, match):
     (tmp_path / "tokenizer.json").write_text(text)
     if match is None: assert tokenizer_from_folder(tmp_path).encode("ab") == [2]
     else: refused(tmp_path / "tokenizer.json", match, load=lambda p: tokenizer_from_folder(p.parent))
+
+
+def test_tokenizer_json_missing(tmp_path):
+    refused(tmp_path / "tokenizer.json", "tokenizer.json: does not exist", load=lambda p: tokenizer_from_folder(p.parent))
 
 
 def test_tokenizer_config_not_json(tmp_path):
