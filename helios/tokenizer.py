@@ -245,16 +245,17 @@ def _gguf_vocab(reader: GGUFFile) -> tuple[list[str], list, list[tuple[str, str]
         values = field(key)
         if values is not None and len(values) != len(tokens):
             raise ModelFileError(reader.path, f"tokenizer.ggml.{key} has {len(values):,} entries for {len(tokens):,} tokens")
-    vocab, pairs = {t: i for i, t in enumerate(tokens)}, []
-    for i, merge in enumerate(merges):
-        pair = merge.split(" ", 1) if isinstance(merge, str) else []
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) if isinstance(m, str) else () for m in merges]
+    bad = next((i for i, p in enumerate(pairs) if len(p) != 2 or p[0] not in vocab or p[1] not in vocab
+                or p[0] + p[1] not in vocab), None)
+    if bad is not None:
+        merge, pair = merges[bad], pairs[bad]
         if len(pair) != 2 or not all(pair):
-            raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{i}] is {merge!r:.60}, not two tokens separated by a space")
-        unknown = next((t for t in (*pair, "".join(pair)) if t not in vocab), None)
-        if unknown is not None:
-            raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{i}] ({merge!r:.60}) needs {unknown!r:.60}, "
-                                              "which is not in the vocabulary")
-        pairs.append((pair[0], pair[1]))
+            raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{bad}] is {merge!r:.60}, not two tokens separated by a space")
+        unknown = next(t for t in (*pair, "".join(pair)) if t not in vocab)
+        raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{bad}] ({merge!r:.60}) needs {unknown!r:.60}, "
+                                          "which is not in the vocabulary")
     return tokens, field("token_type", []), pairs
 
 # %% ../nbs/05_tokenizer.ipynb #0913ae2e

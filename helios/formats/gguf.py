@@ -100,6 +100,21 @@ def _read_string(self: GGUFFile, what: str = "a string") -> str:
 
 
 @patch
+def _read_strings(self: GGUFFile, n: int) -> list[str]:
+    "`n` strings in a row (a vocabulary, its merges): `_read_string`'s checks, in one loop."
+    buf, pos, size, strings = self._buf, self._pos, len(self._buf), []
+    for _ in range(n):
+        length = struct.unpack_from("<Q", buf, pos)[0] if pos + 8 <= size else None
+        if length is None or length > size - pos - 8:
+            self._pos = pos
+            return [self._read_string()]  # the same refusal, with its message
+        strings.append(buf[pos + 8:pos + 8 + length].decode("utf-8", errors="replace"))
+        pos += 8 + length
+    self._pos = pos
+    return strings
+
+
+@patch
 def _read_value(self: GGUFFile, kind: int, depth: int = 0):
     if kind == _STRING: return self._read_string()
     if kind in _SCALARS: return self._unpack(_SCALARS[kind], "a number")
@@ -108,6 +123,7 @@ def _read_value(self: GGUFFile, kind: int, depth: int = 0):
     elem, n = self._unpack("<I", "an array's element type"), self._unpack("<Q", "an array's length")
     if elem not in _MIN_VALUE_BYTES: raise self._error(f"{self._what} is an array of type {elem}, which GGUF does not define")
     self._need(n * _MIN_VALUE_BYTES[elem], f"an array of {n:,} elements")
+    if elem == _STRING: return self._read_strings(n)
     if elem not in _SCALARS: return [self._read_value(elem, depth + 1) for _ in range(n)]
     values = np.frombuffer(self._buf, np.dtype(_SCALARS[elem]), count=n, offset=self._pos).tolist()
     self._pos += n * _MIN_VALUE_BYTES[elem]
