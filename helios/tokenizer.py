@@ -202,12 +202,15 @@ def tokenizer_from_folder(folder: str | Path, extra_eos_ids=()) -> Tokenizer:
     try: template = _template_text(cfg.get("chat_template"))
     except (KeyError, TypeError): raise ModelFileError(folder / "tokenizer_config.json", "its chat_template list is not "
                                                        "[{'name': ..., 'template': ...}, ...]") from None
-    if (folder / "chat_template.jinja").exists(): template = (folder / "chat_template.jinja").read_text()
+    template_file = folder / "tokenizer_config.json"
+    if (folder / "chat_template.jinja").exists():
+        template_file = folder / "chat_template.jinja"
+        template = template_file.read_text()
     bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
     gen_eos = gen.get("eos_token_id")
     eos_ids = set(extra_eos_ids) | set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
     if eos is not None and backend.token_to_id(eos) is not None: eos_ids.add(backend.token_to_id(eos))
-    return _tokenizer(folder / "tokenizer_config.json", backend, template, frozenset(eos_ids), bos, eos)
+    return _tokenizer(template_file, backend, template, frozenset(eos_ids), bos, eos)
 
 # %% ../nbs/05_tokenizer.ipynb #35e5275d
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"

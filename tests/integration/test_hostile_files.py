@@ -399,6 +399,13 @@ def test_tokenizer_config_not_json(tmp_path):
     refused(tmp_path / "tokenizer_config.json", "tokenizer_config.json: is not valid JSON", load=lambda p: tokenizer_from_folder(p.parent))
 
 
+def test_chat_template_that_does_not_compile_names_its_file(tmp_path):
+    (tmp_path / "tokenizer.json").write_text(bpe_tokenizer_json([["a", "b"]]))
+    (tmp_path / "chat_template.jinja").write_text("{% if messages %}")
+    refused(tmp_path / "chat_template.jinja", "chat_template.jinja: its chat template is not valid jinja2",
+            load=lambda p: tokenizer_from_folder(p.parent))
+
+
 def test_gguf_reader_is_lazy_about_tensor_bytes(tmp_path):
     "Parsing a GGUF copies no tensor: the tensors stay views of the memory-mapped file."
     path = gguf(tmp_path)
