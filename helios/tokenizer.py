@@ -12,11 +12,12 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from jinja2 import meta
+from jinja2 import TemplateError, meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers, processors
 
+from .formats.errors import ModelFileError
 from .formats.gguf import GGUFFile, gguf_field
 
 # %% auto #0
@@ -169,19 +170,47 @@ def _template_text(template) -> str | None:
     return template
 
 
+def _read_json_object(file: Path) -> dict:
+    "A JSON object from a file that may be missing ({}), or `ModelFileError` naming it."
+    if not file.exists(): return {}
+    try: value = json.loads(file.read_text())
+    except (ValueError, RecursionError) as e: raise ModelFileError(file, f"is not valid JSON ({e})") from None
+    if not isinstance(value, dict): raise ModelFileError(file, f"holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _backend_from_file(file: Path) -> BackendTokenizer:
+    "`tokenizers`' own reader; what it refuses (not JSON, merges that are not pairs of known tokens) names the file."
+    if not file.is_file(): raise ModelFileError(file, "does not exist; a Hugging Face folder needs its tokenizer.json")
+    try: return BackendTokenizer.from_file(str(file))
+    except Exception as e: raise ModelFileError(file, f"is not a tokenizer the tokenizers library can read ({e})") from None
+
+
+def _tokenizer(file: Path, backend, template, *args) -> Tokenizer:
+    "A `Tokenizer`, its chat template compiled: a template that is not valid jinja2 names the file it came from."
+    if template is not None and not isinstance(template, str):
+        raise ModelFileError(file, f"its chat template is a {type(template).__name__}, not a string")
+    try: return Tokenizer(backend, template, *args)
+    except TemplateError as e: raise ModelFileError(file, f"its chat template is not valid jinja2 ({e})") from None
+
+
 def tokenizer_from_folder(folder: str | Path, extra_eos_ids=()) -> Tokenizer:
     "The tokenizer of a Hugging Face checkpoint folder."
     folder = Path(folder)
-    backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
-    read = lambda name: json.loads((folder / name).read_text()) if (folder / name).exists() else {}
-    cfg, gen = read("tokenizer_config.json"), read("generation_config.json")
-    template = _template_text(cfg.get("chat_template"))
-    if (folder / "chat_template.jinja").exists(): template = (folder / "chat_template.jinja").read_text()
+    backend = _backend_from_file(folder / "tokenizer.json")
+    cfg, gen = _read_json_object(folder / "tokenizer_config.json"), _read_json_object(folder / "generation_config.json")
+    try: template = _template_text(cfg.get("chat_template"))
+    except (KeyError, TypeError): raise ModelFileError(folder / "tokenizer_config.json", "its chat_template list is not "
+                                                       "[{'name': ..., 'template': ...}, ...]") from None
+    template_file = folder / "tokenizer_config.json"
+    if (folder / "chat_template.jinja").exists():
+        template_file = folder / "chat_template.jinja"
+        template = template_file.read_text()
     bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
     gen_eos = gen.get("eos_token_id")
     eos_ids = set(extra_eos_ids) | set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
     if eos is not None and backend.token_to_id(eos) is not None: eos_ids.add(backend.token_to_id(eos))
-    return Tokenizer(backend, template, frozenset(eos_ids), bos, eos)
+    return _tokenizer(template_file, backend, template, frozenset(eos_ids), bos, eos)
 
 # %% ../nbs/05_tokenizer.ipynb #35e5275d
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -207,31 +236,63 @@ PRE_TOKENIZERS = {  # llama.cpp's tokenizer.ggml.pre -> a factory of the matchin
     "qwen2": lambda: _split_then_bytes(QWEN2_SPLIT),
 }
 
+def _gguf_vocab(reader: GGUFFile) -> tuple[list[str], list, list[tuple[str, str]]]:
+    """The tokens, their types and the merges of a GGUF, checked: one type and one score per token, each merge two
+    tokens of the vocabulary that join into a third."""
+    field = lambda key, default=None: gguf_field(reader, f"tokenizer.ggml.{key}", default, list)
+    tokens, merges = field("tokens", []), field("merges")
+    if not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ModelFileError(reader.path, "tokenizer.ggml.tokens is not a non-empty array of strings")
+    if merges is None: raise ModelFileError(reader.path, "has no tokenizer.ggml.merges, which a byte-level BPE needs")
+    for key in ("token_type", "scores"):
+        values = field(key)
+        if values is not None and len(values) != len(tokens):
+            raise ModelFileError(reader.path, f"tokenizer.ggml.{key} has {len(values):,} entries for {len(tokens):,} tokens")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) if isinstance(m, str) else () for m in merges]
+    bad = next((i for i, p in enumerate(pairs) if len(p) != 2 or p[0] not in vocab or p[1] not in vocab
+                or p[0] + p[1] not in vocab), None)
+    if bad is not None:
+        merge, pair = merges[bad], pairs[bad]
+        if len(pair) != 2 or not all(pair):
+            raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{bad}] is {merge!r:.60}, not two tokens separated by a space")
+        unknown = next(t for t in (*pair, "".join(pair)) if t not in vocab)
+        raise ModelFileError(reader.path, f"tokenizer.ggml.merges[{bad}] ({merge!r:.60}) needs {unknown!r:.60}, "
+                                          "which is not in the vocabulary")
+    return tokens, field("token_type", []), pairs
+
+# %% ../nbs/05_tokenizer.ipynb #0913ae2e
+def _token_id(reader: GGUFFile, key: str, tokens: list[str]) -> int | None:
+    token_id = gguf_field(reader, key, None, int)
+    if token_id is not None and not 0 <= token_id < len(tokens):
+        raise ModelFileError(reader.path, f"{key} is {token_id}, outside the vocabulary of {len(tokens):,} tokens")
+    return token_id
+
 
 def tokenizer_from_gguf(reader: GGUFFile) -> Tokenizer:
     "Rebuild a byte-level BPE tokenizer from a GGUF's metadata."
-    field = lambda key, default=None: gguf_field(reader, f"tokenizer.ggml.{key}", default)
+    field = lambda key, default=None, kind=None: gguf_field(reader, f"tokenizer.ggml.{key}", default, kind)
     if field("model") != "gpt2":
-        raise ValueError(f"GGUF tokenizer model {field('model')!r} is not supported (only byte-level BPE, "
-                         f"'gpt2'); load the model's Hugging Face folder instead")
-    pre = field("pre", "default")
+        raise ModelFileError(reader.path, f"GGUF tokenizer model {field('model')!r:.60} is not supported (only byte-level "
+                                          f"BPE, 'gpt2'); load the model's Hugging Face folder instead")
+    pre = field("pre", "default", str)
     if pre not in PRE_TOKENIZERS:
-        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(PRE_TOKENIZERS)}")
-    tokens, types = field("tokens"), field("token_type")
-    merges = [tuple(m.split(" ", 1)) for m in field("merges")]
-    backend = BackendTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        raise ModelFileError(reader.path, f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(PRE_TOKENIZERS)}")
+    tokens, types, merges = _gguf_vocab(reader)
+    try: backend = BackendTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+    except Exception as e: raise ModelFileError(reader.path, f"its vocabulary and merges do not make a BPE ({e})") from None
     backend.pre_tokenizer = PRE_TOKENIZERS[pre]()
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, k in zip(tokens, types) if k == CONTROL_TOKEN])
     backend.add_tokens([AddedToken(t, special=False, normalized=False)
                         for t, k in zip(tokens, types) if k == USER_DEFINED_TOKEN])
-    bos_id, eos_id = field("bos_token_id"), field("eos_token_id")
+    bos_id, eos_id = _token_id(reader, "tokenizer.ggml.bos_token_id", tokens), _token_id(reader, "tokenizer.ggml.eos_token_id", tokens)
     if field("add_bos_token", False) and bos_id is not None:
         backend.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos_id]} $A", pair=f"{tokens[bos_id]} $A $B", special_tokens=[(tokens[bos_id], bos_id)])
-    return Tokenizer(backend, gguf_field(reader, "tokenizer.chat_template"), frozenset({eos_id} - {None}),
-                     tokens[bos_id] if bos_id is not None else None, tokens[eos_id] if eos_id is not None else None)
+    return _tokenizer(reader.path, backend, gguf_field(reader, "tokenizer.chat_template"), frozenset({eos_id} - {None}),
+                      tokens[bos_id] if bos_id is not None else None, tokens[eos_id] if eos_id is not None else None)
 
 
 def load_tokenizer(path: str | Path, gguf_reader: GGUFFile | None = None) -> Tokenizer:

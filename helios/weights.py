@@ -8,24 +8,27 @@ Docs: https://helios-engine.github.io/helios/weights.html.md"""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
 
-from .config import ModelConfig, load_hf_config
+from .config import ModelConfig, config_from_hf
+from .formats.errors import ModelFileError, require_positive
 from .model.layers import LMHead
-from .model.qwen3 import CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
+from .model.qwen3 import STACKED_PROJECTIONS, CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
 from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice, choose
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
-           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'resolve_device', 'cuda_dtype', 'resolve_dtype', 'default_model_path',
-           'looks_like_path', 'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory',
-           'build_model', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
+           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype',
+           'resolve_dtype', 'default_model_path', 'looks_like_path', 'find_checkpoint', 'LinearFactory',
+           'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'read_hf_config', 'expected_shapes',
+           'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -177,8 +180,67 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Causal
     return model_from_state_dict(cfg, state_dict, layer_factory(cfg))
 
 
+# %% ../nbs/04_weights.ipynb #a5c1da81
+MAX_LAYERS = 4096  # far above any released model (DeepSeek-V3: 61); bounds the loops over the layers a config claims
+HF_POSITIVE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "intermediate_size", "max_position_embeddings")  # counts and widths, when given
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    "`config.json` as a `ModelConfig`; one that is not JSON, lacks a needed key or states nonsense raises `ModelFileError`."
+    file = folder / "config.json"
+    try: d = json.loads(file.read_text())
+    except (ValueError, RecursionError) as e: raise ModelFileError(file, f"is not valid JSON ({e})") from None
+    if not isinstance(d, dict): raise ModelFileError(file, f"holds a JSON {type(d).__name__}, not an object")
+    require_positive(file, {key: d[key] for key in HF_POSITIVE_KEYS if d.get(key) is not None})
+    if (d.get("num_hidden_layers") or 0) > MAX_LAYERS:
+        raise ModelFileError(file, f"num_hidden_layers is {d['num_hidden_layers']:,}; Helios reads at most {MAX_LAYERS:,} layers")
+    heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
+    if d.get("head_dim") is None and heads and hidden and hidden % heads:
+        raise ModelFileError(file, f"num_attention_heads={heads} does not divide hidden_size={hidden}, and no head_dim is given")
+    try: return config_from_hf(d)
+    except KeyError as e: raise ModelFileError(file, f"has no {e.args[0]!r}, which a {d.get('model_type')} config needs") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e: raise ModelFileError(file, str(e)) from None
+
+
+def expected_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    "The name and shape of each tensor every checkpoint of this config holds, in the parts all architectures share."
+    h, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    yield from [("model.embed_tokens.weight", (cfg.vocab_size, h)), ("model.norm.weight", (h,))]
+    if not cfg.tie_word_embeddings: yield "lm_head.weight", (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):  # lazily: a layer count that no file backs stops at the first missing tensor
+        layer = f"model.layers.{i}."
+        yield from [(layer + "input_layernorm.weight", (h,)), (layer + "post_attention_layernorm.weight", (h,))]
+        if cfg.mla is None:
+            yield from [(layer + "self_attn.q_proj.weight", (q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
+                        (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q))]
+        if cfg.mla is None and cfg.qk_norm:
+            yield from [(layer + "self_attn.q_norm.weight", (cfg.head_dim,)), (layer + "self_attn.k_norm.weight", (cfg.head_dim,))]
+        if not cfg.is_sparse(i):
+            yield from [(layer + "mlp.gate_proj.weight", (inter, h)), (layer + "mlp.up_proj.weight", (inter, h)),
+                        (layer + "mlp.down_proj.weight", (h, inter))]
+
+
+def _stacked_name(name: str) -> str | None:
+    "The stacked tensor (chapter 03's layout, as Helios saves a model) that holds this q/k/v or gate/up tensor."
+    return next((name.replace(f".{part}.", f".{stacked}.") for stacked, parts in STACKED_PROJECTIONS.items()
+                 for part in parts if f".{part}." in name), None)
+
+
+def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int, ...]]], config_file: Path):
+    """Every tensor the config implies is in the checkpoint (`found`: name -> its file and shape), in the implied shape
+    (a stacked q/k/v or gate/up tensor stands for its parts; the model checks its rows when it adopts it)."""
+    for name, shape in expected_shapes(cfg):
+        if name not in found and _stacked_name(name) in found: continue
+        if name not in found:
+            raise ModelFileError(config_file, f"implies a tensor {name} of shape {list(shape)}, which the checkpoint does not hold")
+        file, got = found[name]
+        if tuple(got) != shape:
+            raise ModelFileError(file, f"tensor {name} has shape {list(got)}, but {config_file.name} implies {list(shape)}")
+
 # %% ../nbs/04_weights.ipynb #59cd4ead
-from .formats.gguf import GGUFFile, config_from_gguf, load_gguf_tensors
+from .formats.gguf import GGUFFile, config_from_gguf, gguf_tensor_shapes, load_gguf_tensors
+from .formats.hf import safetensors_shapes
 
 
 class LoadedModel(NamedTuple):
@@ -196,21 +258,28 @@ class LoadedModel(NamedTuple):
 
 def read_config(path: Path) -> tuple[ModelConfig, GGUFFile | None]:
     "The config of a checkpoint found by `find_checkpoint`, and the parsed file when it is a .gguf."
-    if path.suffix != ".gguf": return load_hf_config(path), None
+    if path.suffix != ".gguf": return read_hf_config(path), None
     reader = GGUFFile(path)
     return config_from_gguf(reader), reader
 
 
 def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
                  select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
-    "The checkpoint's tensors with Hugging Face names, routers in float32; `select` keeps only part of them."
+    """The checkpoint's tensors with Hugging Face names, routers in float32; `select` keeps only part of them. Every
+    shape is checked against the config before any tensor is read."""
+    if reader is not None: check_tensor_shapes(cfg, {n: (path, s) for n, s in gguf_tensor_shapes(reader).items()}, path)
+    else: check_tensor_shapes(cfg, safetensors_shapes(path), path / "config.json")
     if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, FLOAT32_TENSORS, select)
     return load_safetensors(path, dtype, device, FLOAT32_TENSORS, select)
 
 
 def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:
     "The whole model from every tensor of the checkpoint (chapter 16 builds one rank's part instead)."
-    return build_model(cfg, read_tensors(path, cfg, reader, dtype, device))
+    tensors = read_tensors(path, cfg, reader, dtype, device)
+    try: return build_model(cfg, tensors)
+    except RuntimeError as e:  # tensors missing or left over once the shared parts matched the config
+        if "state_dict" not in str(e): raise
+        raise ModelFileError(path, f"its tensors do not make a {cfg.architecture} model: {e}") from None
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",

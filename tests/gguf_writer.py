@@ -94,3 +94,106 @@ def write_gguf(hf_folder: Path, out: Path, arch: str) -> Path:
         w.add_tensor(t, data, raw_shape=data.shape if qtype in (Q.F32, Q.F16) else None, raw_dtype=qtype)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     return out
+
+
+# --- GGUF bytes from parts, for files that lie -------------------------------------------------------------------
+# GGUFWriter refuses to write what the hostile-file tests need (counts that lie, unknown types, bad offsets), so
+# these few lines write the format directly. Every count and length field's position is recorded for the fuzz test.
+import struct as _struct  # noqa: E402
+
+
+class Raw:
+    "A metadata value written as given: its GGUF type number and its encoded bytes."
+    def __init__(self, kind: int, payload: bytes): self.kind, self.payload = kind, payload
+
+
+def _string(s: str | bytes) -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return _struct.pack("<Q", len(b)) + b
+
+
+def _value(v) -> tuple[int, bytes]:
+    "(GGUF type, bytes) of a Python value: bool, int (u32, or i64 when it does not fit), float (f32), str, list."
+    if isinstance(v, Raw): return v.kind, v.payload
+    if isinstance(v, bool): return 7, _struct.pack("<?", v)
+    if isinstance(v, int): return (4, _struct.pack("<I", v)) if 0 <= v < 2**32 else (11, _struct.pack("<q", v))
+    if isinstance(v, float): return 6, _struct.pack("<f", v)
+    if isinstance(v, (str, bytes)): return 8, _string(v)
+    kinds = [_value(x) for x in v]
+    elem = kinds[0][0] if kinds else 4
+    return 9, _struct.pack("<IQ", elem, len(v)) + b"".join(p for _, p in kinds)
+
+
+class GGUFParts:
+    """A GGUF as bytes, where its count and length fields are (offset, size in bytes) for tests that corrupt them,
+    and where its tensor descriptions and its tensor data start."""
+    def __init__(self, data: bytes, counts: list[tuple[int, int]], infos_start: int, data_start: int):
+        self.data, self.counts, self.infos_start, self.data_start = data, counts, infos_start, data_start
+
+
+def gguf_from_parts(fields: dict, tensors: list[tuple[str, tuple[int, ...], int, bytes]], *, version: int = 3,
+                    n_tensors: int | None = None, n_fields: int | None = None, alignment: int = 32,
+                    offsets: list[int] | None = None) -> GGUFParts:
+    """GGUF bytes: metadata `fields` (Python values or `Raw`), `tensors` as (name, PyTorch shape, ggml type, bytes),
+    laid out aligned unless `offsets` says where; `n_tensors`/`n_fields` may lie."""
+    out, counts = bytearray(b"GGUF" + _struct.pack("<I", version)), []
+    counts.append((len(out), 8)); out += _struct.pack("<Q", len(tensors) if n_tensors is None else n_tensors)
+    counts.append((len(out), 8)); out += _struct.pack("<Q", len(fields) if n_fields is None else n_fields)
+    for key, v in fields.items():
+        counts.append((len(out), 8)); out += _string(key)
+        kind, payload = _value(v)
+        counts.append((len(out), 4)); out += _struct.pack("<I", kind)
+        if kind == 8: counts.append((len(out), 8))
+        if kind == 9: counts += [(len(out), 4), (len(out) + 4, 8)]
+        out += payload
+    pos, placed = 0, []
+    for i, (_, _, _, data) in enumerate(tensors):
+        placed.append(offsets[i] if offsets is not None else pos)
+        pos = -(-(placed[-1] + len(data)) // alignment) * alignment
+    infos_start = len(out)
+    for (name, shape, kind, _), offset in zip(tensors, placed):
+        counts.append((len(out), 8)); out += _string(name)
+        counts.append((len(out), 4)); out += _struct.pack("<I", len(shape))
+        for d in reversed(shape):
+            counts.append((len(out), 8)); out += _struct.pack("<Q", d)
+        counts.append((len(out), 4)); out += _struct.pack("<I", kind)
+        counts.append((len(out), 8)); out += _struct.pack("<Q", offset)
+    data_start = -(-len(out) // alignment) * alignment
+    out += bytes(data_start - len(out))
+    end = max([o + len(d) for o, (*_, d) in zip(placed, tensors)], default=0)
+    body = bytearray(end)
+    for offset, (*_, data) in zip(placed, tensors): body[offset:offset + len(data)] = data
+    return GGUFParts(bytes(out + body), counts, infos_start, data_start)
+
+
+def tiny_llama_parts(vocab: int = 64, hidden: int = 64, layers: int = 1, heads: int = 4, kv_heads: int = 2,
+                     ffn: int = 256, **overrides) -> tuple[dict, list]:
+    """The metadata (with a small byte-level BPE tokenizer and a chat template) and tensors of a tiny llama GGUF,
+    one tensor per quantization kind the loader meets; `overrides` replace metadata values."""
+    rng = np.random.default_rng(0)
+    letters = [chr(c) for c in range(ord("a"), ord("a") + 26)]
+    tokens = (letters + [a + b for a in "abc" for b in "abcdefgh"] + ["<s>", "</s>"] + [f"x{i}" for i in range(vocab)])[:vocab]
+    merges = [f"{a} {b}" for a in "abc" for b in "abcdefgh"]
+    fields = {"general.architecture": "llama", "general.alignment": 32, "llama.block_count": layers,
+              "llama.context_length": 256, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
+              "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads,
+              "llama.rope.freq_base": 10000.0, "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.vocab_size": vocab,
+              "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+              "tokenizer.ggml.scores": [0.0] * vocab, "tokenizer.ggml.token_type": [1] * (vocab - 2) + [3, 3],
+              "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": vocab - 2, "tokenizer.ggml.eos_token_id": vocab - 1,
+              "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    fields.update(overrides)
+
+    def tensor(name, shape, qtype):
+        w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        data = encode(w, qtype, rng) if qtype != Q.F32 else w
+        return name, shape, int(qtype), np.ascontiguousarray(data).tobytes()
+    q, kv = heads * (hidden // heads), kv_heads * (hidden // heads)
+    tensors = [tensor("token_embd.weight", (vocab, hidden), Q.Q8_0), tensor("output_norm.weight", (hidden,), Q.F32)]
+    for i in range(layers):
+        tensors += [tensor(f"blk.{i}.attn_norm.weight", (hidden,), Q.F32), tensor(f"blk.{i}.ffn_norm.weight", (hidden,), Q.F32),
+                    tensor(f"blk.{i}.attn_q.weight", (q, hidden), Q.Q4_0), tensor(f"blk.{i}.attn_k.weight", (kv, hidden), Q.Q4_1),
+                    tensor(f"blk.{i}.attn_v.weight", (kv, hidden), Q.F16), tensor(f"blk.{i}.attn_output.weight", (hidden, q), Q.Q8_0),
+                    tensor(f"blk.{i}.ffn_gate.weight", (ffn, hidden), Q.Q8_0), tensor(f"blk.{i}.ffn_up.weight", (ffn, hidden), Q.Q4_0),
+                    tensor(f"blk.{i}.ffn_down.weight", (hidden, ffn), Q.Q6_K)]
+    return fields, tensors

@@ -5,24 +5,37 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
 
 # %% ../../nbs/04_weights.ipynb #2d518522
+import functools
+import math
 import mmap
 import os
 import struct
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from ..config import ModelConfig, MoEConfig, YarnScaling
+from .errors import ModelFileError, describe_value, require_positive
 
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGUF_HEADER_BYTES = 24          # magic, version (u32), tensor count and metadata count (u64 each)
 GGUF_DEFAULT_ALIGNMENT = 32
+GGUF_MAX_DIMS = 4               # ggml's GGML_MAX_DIMS
+GGUF_MAX_ARRAY_NESTING = 4      # arrays of arrays: deeper than any converter writes
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+# the fewest bytes one value of each type takes: a string is at least its length, an array its type and count
+_MIN_VALUE_BYTES = {**{kind: struct.calcsize(fmt) for kind, fmt in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
+_MIN_FIELD_BYTES = 8 + 4 + 1            # key length, value type, the smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, type, offset
 
 
 class GGUFTensor(NamedTuple):
@@ -34,62 +47,161 @@ class GGUFTensor(NamedTuple):
 
 # %% ../../nbs/04_weights.ipynb #fffaaa26
 class GGUFFile:
-    "Metadata and memory-mapped tensors of a GGUF file."
+    "Metadata and memory-mapped tensors of a GGUF file; a file that lies about itself raises `ModelFileError`."
     def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < GGUF_HEADER_BYTES:
+                raise ModelFileError(path, f"is {size} bytes long, shorter than a GGUF header ({GGUF_HEADER_BYTES} bytes)")
             self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._pos = 0
-        if self._buf[:4] != GGUF_MAGIC: raise ValueError(f"{path} is not a GGUF file")
+        self._pos, self._what = 0, "the header"
+        if self._buf[:4] != GGUF_MAGIC:
+            raise self._error(f"is not a GGUF file (it starts with {bytes(self._buf[:4])!r}, not {GGUF_MAGIC!r})")
         version, n_tensors, n_fields = struct.unpack_from("<IQQ", self._buf, 4)
-        if version < 2: raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are supported")
-        self._pos = 24
-        self.fields = dict(self._read_field() for _ in range(n_fields))
-        infos = [self._read_tensor_info() for _ in range(n_tensors)]
-        align = self.fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-        data_start = -(-self._pos // align) * align
-        self.tensors = [self._tensor(name, dims, kind, data_start + offset) for name, dims, kind, offset in infos]
+        if version not in GGUF_VERSIONS: raise self._error(f"is GGUF version {version}; versions 2 and 3 are supported")
+        self._pos = GGUF_HEADER_BYTES
+        self._need(n_fields * _MIN_FIELD_BYTES, f"{n_fields:,} metadata fields")
+        self._need(n_tensors * _MIN_TENSOR_INFO_BYTES, f"{n_tensors:,} tensor descriptions")
+        self.fields = {}
+        for i in range(n_fields):
+            key, value = self._read_field(i)
+            if key in self.fields: raise self._error(f"metadata key {key!r} appears twice")
+            self.fields[key] = value
+        infos = [self._read_tensor_info(i) for i in range(n_tensors)]
+        self.alignment = self._alignment()
+        data_start = -(-self._pos // self.alignment) * self.alignment
+        self.tensors = [self._tensor(name, dims, kind, offset, data_start) for name, dims, kind, offset in infos]
+        self._check_layout(infos)
 
-    def _unpack(self, fmt: str):
+    def _error(self, problem: str) -> ModelFileError: return ModelFileError(self.path, problem)
+
+    def _need(self, n_bytes: int, what: str):
+        "Refuse to read `n_bytes` for `what` unless the file still holds them."
+        left = len(self._buf) - self._pos
+        if n_bytes > left:
+            raise self._error(f"is truncated or corrupt: {self._what} needs {what} ({n_bytes:,} bytes or more) "
+                              f"at byte {self._pos:,}, and only {left:,} bytes follow")
+
+    def _unpack(self, fmt: str, what: str):
+        n_bytes = struct.calcsize(fmt)
+        self._need(n_bytes, what)
         value = struct.unpack_from(fmt, self._buf, self._pos)[0]
-        self._pos += struct.calcsize(fmt)
+        self._pos += n_bytes
         return value
 
-    def _read_string(self) -> str:
-        n = self._unpack("<Q")
-        self._pos += n
-        return self._buf[self._pos - n:self._pos].decode("utf-8", errors="replace")
+# %% ../../nbs/04_weights.ipynb #1436a7dd
+@patch
+def _read_string(self: GGUFFile, what: str = "a string") -> str:
+    n = self._unpack("<Q", f"the length of {what}")
+    self._need(n, f"{what} of {n:,} bytes")
+    self._pos += n
+    return self._buf[self._pos - n:self._pos].decode("utf-8", errors="replace")
 
-    def _read_value(self, kind: int):
-        if kind == _STRING: return self._read_string()
-        if kind == _ARRAY:
-            elem, n = self._unpack("<I"), self._unpack("<Q")
-            return [self._read_value(elem) for _ in range(n)]
-        return self._unpack(_SCALARS[kind])
 
-    def _read_field(self):
-        key = self._read_string()
-        return key, self._read_value(self._unpack("<I"))
+@patch
+def _read_strings(self: GGUFFile, n: int) -> list[str]:
+    "`n` strings in a row (a vocabulary, its merges): `_read_string`'s checks, in one loop."
+    buf, pos, size, strings = self._buf, self._pos, len(self._buf), []
+    for _ in range(n):
+        length = struct.unpack_from("<Q", buf, pos)[0] if pos + 8 <= size else None
+        if length is None or length > size - pos - 8:
+            self._pos = pos
+            return [self._read_string()]  # the same refusal, with its message
+        strings.append(buf[pos + 8:pos + 8 + length].decode("utf-8", errors="replace"))
+        pos += 8 + length
+    self._pos = pos
+    return strings
 
-    def _read_tensor_info(self):
-        name = self._read_string()
-        dims = [self._unpack("<Q") for _ in range(self._unpack("<I"))]
-        return name, dims, self._unpack("<I"), self._unpack("<Q")
 
-    def _tensor(self, name: str, dims: list[int], kind: int, start: int) -> GGUFTensor:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-        kind = GGMLQuantizationType(kind)
-        block, type_size = GGML_QUANT_SIZES[kind]
-        shape = tuple(reversed(dims))                         # GGUF lists the innermost dimension first
-        rows, cols = int(np.prod(shape[:-1])), shape[-1]
-        row_bytes = cols // block * type_size
-        raw = np.frombuffer(self._buf, dtype=np.uint8, count=rows * row_bytes, offset=start).reshape(rows, row_bytes)
-        float_dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(kind)
-        return GGUFTensor(name, shape, kind, raw.view(float_dtype) if float_dtype else raw)
+@patch
+def _read_value(self: GGUFFile, kind: int, depth: int = 0):
+    if kind == _STRING: return self._read_string()
+    if kind in _SCALARS: return self._unpack(_SCALARS[kind], "a number")
+    if kind != _ARRAY: raise self._error(f"{self._what} has value type {kind}, which GGUF does not define")
+    if depth == GGUF_MAX_ARRAY_NESTING: raise self._error(f"{self._what} nests arrays deeper than {GGUF_MAX_ARRAY_NESTING}")
+    elem, n = self._unpack("<I", "an array's element type"), self._unpack("<Q", "an array's length")
+    if elem not in _MIN_VALUE_BYTES: raise self._error(f"{self._what} is an array of type {elem}, which GGUF does not define")
+    self._need(n * _MIN_VALUE_BYTES[elem], f"an array of {n:,} elements")
+    if elem == _STRING: return self._read_strings(n)
+    if elem not in _SCALARS: return [self._read_value(elem, depth + 1) for _ in range(n)]
+    values = np.frombuffer(self._buf, np.dtype(_SCALARS[elem]), count=n, offset=self._pos).tolist()
+    self._pos += n * _MIN_VALUE_BYTES[elem]
+    return values
+
+
+@patch
+def _read_field(self: GGUFFile, i: int) -> tuple[str, object]:
+    self._what = f"metadata field {i}"
+    key = self._read_string("its key")
+    self._what = f"metadata {key!r}"
+    return key, self._read_value(self._unpack("<I", "its value type"))
+
+# %% ../../nbs/04_weights.ipynb #6c2e9298
+@patch
+def _read_tensor_info(self: GGUFFile, i: int) -> tuple[str, list[int], int, int]:
+    self._what = f"tensor description {i}"
+    name = self._read_string("its name")
+    self._what = f"tensor {name!r}"
+    n_dims = self._unpack("<I", "its dimension count")
+    if not 1 <= n_dims <= GGUF_MAX_DIMS: raise self._error(f"tensor {name!r} has {n_dims:,} dimensions; GGUF allows 1 to {GGUF_MAX_DIMS}")
+    dims = [self._unpack("<Q", "a dimension") for _ in range(n_dims)]
+    return name, dims, self._unpack("<I", "its type"), self._unpack("<Q", "its offset")
+
+
+@patch
+def _alignment(self: GGUFFile) -> int:
+    align = self.fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise self._error(f"general.alignment is {describe_value(align)}; it must be a power of two")
+    return align
+
+
+@patch
+def _tensor(self: GGUFFile, name: str, dims: list[int], kind: int, offset: int, data_start: int) -> GGUFTensor:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    try: kind = GGMLQuantizationType(kind)
+    except ValueError: raise self._error(f"tensor {name!r} has type {kind}, which is no ggml type this reader knows") from None
+    if min(dims) < 1: raise self._error(f"tensor {name!r} has dimensions {dims}; each must be at least 1")
+    block, type_size = GGML_QUANT_SIZES[kind]
+    shape = tuple(reversed(dims))                         # GGUF lists the innermost dimension first
+    if shape[-1] % block:
+        raise self._error(f"tensor {name!r} has rows of {shape[-1]:,} values, not a whole number of {kind.name} blocks of {block}")
+    rows, row_bytes = math.prod(shape[:-1]), shape[-1] // block * type_size
+    if offset % self.alignment: raise self._error(f"tensor {name!r} starts at offset {offset:,}, not a multiple of the alignment {self.alignment}")
+    start, end = data_start + offset, data_start + offset + rows * row_bytes
+    if end > len(self._buf):
+        raise self._error(f"tensor {name!r} ({kind.name} {list(shape)}) needs bytes {start:,} to {end:,}, "
+                          f"past the end of the file at {len(self._buf):,}")
+    raw = np.frombuffer(self._buf, dtype=np.uint8, count=rows * row_bytes, offset=start).reshape(rows, row_bytes)
+    float_dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(kind)
+    return GGUFTensor(name, shape, kind, raw.view(float_dtype) if float_dtype else raw)
+
+
+@patch
+def _check_layout(self: GGUFFile, infos: list):
+    "No two tensors with one name, and none whose bytes overlap another's."
+    names = set()
+    for t in self.tensors:
+        if t.name in names: raise self._error(f"tensor {t.name!r} appears twice")
+        names.add(t.name)
+    spans = sorted((offset, offset + t.data.nbytes, t.name) for (*_, offset), t in zip(infos, self.tensors))
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end: raise self._error(f"tensors {a!r} and {b!r} overlap in the file's data")
 
 # %% ../../nbs/04_weights.ipynb #ee1103cf
-def gguf_field(reader: GGUFFile, key: str, default=None):
-    "One metadata value of a GGUF file (numbers, strings, lists)."
-    return reader.fields.get(key, default)
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
+
+
+def gguf_field(reader: GGUFFile, key: str, default=None, kind: type | None = None):
+    """One metadata value of a GGUF file (numbers, strings, lists); with `kind` (int, float, str, bool, list) a value
+    of another type raises `ModelFileError` (a float accepts an integer, an integer never accepts a boolean)."""
+    if key not in reader.fields: return default
+    value = reader.fields[key]
+    allowed = (int, float) if kind is float else kind
+    if kind is not None and (not isinstance(value, allowed) or (kind is not bool and isinstance(value, bool))):
+        raise ModelFileError(reader.path, f"metadata {key} is {describe_value(value)}; it must be {_KIND_NAMES[kind]}")
+    return value
 
 
 def dequantize_tensor(t: GGUFTensor) -> np.ndarray:
@@ -114,8 +226,9 @@ GGUF_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe
 def hf_tensor_name(gguf_name: str) -> str:
     "Our (Hugging Face) name for a llama.cpp tensor name."
     if gguf_name in GGUF_GLOBAL_NAMES: return GGUF_GLOBAL_NAMES[gguf_name]
-    blk, layer, part, kind = gguf_name.split(".")
-    if blk != "blk" or part not in GGUF_LAYER_NAMES:
+    parts = gguf_name.split(".")
+    blk, layer, part, kind = parts if len(parts) == 4 else ("",) * 4
+    if blk != "blk" or not (layer.isascii() and layer.isdigit()) or part not in GGUF_LAYER_NAMES:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {'/'.join(GGUF_ARCHITECTURES)} model")
     name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}"
     return name if part.endswith("_exps") else f"{name}.{kind}"  # the stacked experts are parameters, not Linears
@@ -146,38 +259,83 @@ def _rope_scaling_from_gguf(get) -> YarnScaling | None:
                        float(get("rope.scaling.yarn_beta_fast", 32.0)), float(get("rope.scaling.yarn_beta_slow", 1.0)))
 
 
+GGUF_REQUIRED = ("embedding_length", "attention.head_count", "block_count")  # {arch}.* keys no default stands in for
+GGUF_KINDS = {"attention.layer_norm_rms_epsilon": float, "rope.freq_base": float, "rope.scaling.type": str,
+              "rope.scaling.factor": float, "rope.scaling.yarn_beta_fast": float, "rope.scaling.yarn_beta_slow": float,
+              "expert_weights_norm": bool}  # the type of each {arch}.* key read; the others are integers
+
+# %% ../../nbs/04_weights.ipynb #a3b1fb07
 def config_from_gguf(reader: GGUFFile) -> ModelConfig:
-    "A `ModelConfig` from GGUF metadata (architectures llama, qwen3 and qwen3moe)."
-    arch = gguf_field(reader, "general.architecture")
+    "A `ModelConfig` from GGUF metadata (architectures llama, qwen3 and qwen3moe); metadata that lies raises `ModelFileError`."
+    arch = gguf_field(reader, "general.architecture", None, str)
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
-    get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default)
+        raise ModelFileError(reader.path, f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
+    get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default, GGUF_KINDS.get(key, int))
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
-        raise ValueError("this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does not "
-                         "read yet; load the model's Hugging Face folder instead")
+        raise ModelFileError(reader.path, "this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does "
+                                          "not read yet; load the model's Hugging Face folder instead")
+    missing = [f"{arch}.{key}" for key in GGUF_REQUIRED if get(key) is None]
+    if missing: raise ModelFileError(reader.path, f"has no metadata {', '.join(missing)}, which a {arch} model needs")
     hidden, num_heads, num_layers = get("embedding_length"), get("attention.head_count"), get("block_count")
-    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    moe = _moe_from_gguf(get, num_layers, names)
-    return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch], vocab_size=get("vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens")),
-        hidden_size=hidden, intermediate_size=get("feed_forward_length") or 0, num_layers=num_layers,
-        num_heads=num_heads, num_kv_heads=get("attention.head_count_kv", num_heads),
-        head_dim=get("attention.key_length", hidden // num_heads),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(get),
-        max_position_embeddings=get("context_length", 4096),
-        tie_word_embeddings="output.weight" not in names, qk_norm=arch in ("qwen3", "qwen3moe"),
-        attention_bias="blk.0.attn_q.bias" in names,
-        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,), moe=moe)
+    num_kv_heads, head_dim = get("attention.head_count_kv", num_heads), get("attention.key_length")
+    tokens = gguf_field(reader, "tokenizer.ggml.tokens", [], list)
+    vocab_size, context = get("vocab_size") or len(tokens), get("context_length", 4096)
+    require_positive(reader.path, {f"{arch}.{k}": v for k, v in [
+        ("embedding_length", hidden), ("attention.head_count", num_heads), ("block_count", num_layers),
+        ("attention.head_count_kv", num_kv_heads), ("vocab_size (or the tokenizer's tokens)", vocab_size),
+        ("context_length", context), ("attention.key_length", head_dim or 1)]})
+    if num_layers > len(reader.tensors):  # every layer holds tensors: a count no file backs is refused before any loop
+        raise ModelFileError(reader.path, f"{arch}.block_count is {num_layers:,}, but the file holds {len(reader.tensors):,} tensors")
+    if head_dim is None and hidden % num_heads:
+        raise ModelFileError(reader.path, f"{arch}.attention.head_count={num_heads} does not divide "
+                                          f"{arch}.embedding_length={hidden}, and no attention.key_length is given")
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id", None, int)
+    try:
+        return ModelConfig(
+            architecture=GGUF_ARCHITECTURES[arch], vocab_size=vocab_size,
+            hidden_size=hidden, intermediate_size=get("feed_forward_length") or 0, num_layers=num_layers,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim or hidden // num_heads,
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(get),
+            max_position_embeddings=context,
+            tie_word_embeddings="output.weight" not in names, qk_norm=arch in ("qwen3", "qwen3moe"),
+            attention_bias="blk.0.attn_q.bias" in names,
+            bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", None, int),
+            eos_token_ids=() if eos is None else (eos,), moe=_moe_from_gguf(get, num_layers, names))
+    except (ValueError, TypeError) as e:  # the config's own checks (heads, experts) and values of no use
+        if isinstance(e, ModelFileError): raise
+        raise ModelFileError(reader.path, str(e)) from None
 
 # %% ../../nbs/04_weights.ipynb #5efa4c62
+@functools.cache
+def can_dequantize(kind) -> bool:
+    "Whether the `gguf` package dequantizes this ggml type (tried on one block of zeros)."
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+    try: dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), np.uint8), kind)
+    except NotImplementedError: return False
+    return True
+
+
+def gguf_tensor_shapes(reader: GGUFFile) -> dict[str, tuple[int, ...]]:
+    "Each tensor's Hugging Face name and shape, once every name has a place in the model and every type can be dequantized."
+    shapes = {}
+    for t in reader.tensors:
+        try: name = hf_tensor_name(t.name)
+        except ValueError as e: raise ModelFileError(reader.path, str(e)) from None
+        if not can_dequantize(t.ggml_type):
+            raise ModelFileError(reader.path, f"tensor {t.name!r} is stored as {t.ggml_type.name}, which Helios cannot dequantize")
+        shapes[name] = tuple(t.shape)
+    return shapes
+
+
 def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                       keep_float32: tuple[str, ...] = (), select=None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),
     cast to dtype (names ending in keep_float32: float32). `select(name, shape)` (a `TensorSelector`) keeps part of
     a tensor, or none of it; each tensor is dequantized whole, one at a time."""
+    gguf_tensor_shapes(reader)  # every name and type checked before anything is dequantized
     tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
         name = hf_tensor_name(t.name)

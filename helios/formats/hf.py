@@ -5,16 +5,19 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['HUB_PATTERNS', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'load_safetensors']
+__all__ = ['HUB_PATTERNS', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'open_safetensors', 'safetensors_shapes', 'load_safetensors']
 
 # %% ../../nbs/04_weights.ipynb #77b66eea
+import contextlib
 import json
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
+
+from .errors import ModelFileError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
 
@@ -42,10 +45,22 @@ def download_from_hub(repo_id: str) -> Path:
             f"or a .gguf file") from e
 
 # %% ../../nbs/04_weights.ipynb #bf92940e
+def _read_index(index: Path) -> list[str]:
+    "The shard files a `model.safetensors.index.json` names: plain file names in its own folder."
+    try: weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, RecursionError) as e: raise ModelFileError(index, f"is not valid JSON ({e})") from None
+    except (KeyError, TypeError): raise ModelFileError(index, "has no 'weight_map' object") from None
+    if not isinstance(weight_map, dict): raise ModelFileError(index, "has no 'weight_map' object")
+    shards = sorted(set(map(str, weight_map.values())))
+    for shard in shards:
+        if Path(shard).name != shard or not (index.parent / shard).is_file():
+            raise ModelFileError(index, f"names shard {shard!r}, which is not a file in {index.parent}")
+    return shards
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
-    if index.exists():
-        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if index.exists(): return [folder / f for f in _read_index(index)]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
@@ -54,9 +69,28 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
+@contextlib.contextmanager
+def open_safetensors(file: Path):
+    "`safe_open` on one shard, its errors (a header that lies, data past the end) renamed `ModelFileError` with the file."
+    try:
+        with safe_open(file, framework="pt", device="cpu") as f: yield f
+    except SafetensorError as e: raise ModelFileError(file, f"is not a valid safetensors file ({e})") from None
+
+
+def safetensors_shapes(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    "Each tensor's shard and shape, from the headers alone (no tensor is read)."
+    shapes = {}
+    for file in _safetensors_files(folder):
+        with open_safetensors(file) as f:
+            for name in f.keys():
+                if name in shapes: raise ModelFileError(file, f"tensor {name!r} is also in {shapes[name][0].name}")
+                shapes[name] = file, tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
 TensorSelector = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]  # (name, shape) -> the part to read, or None: skip it
 
-
+# %% ../../nbs/04_weights.ipynb #0314bb97
 def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, keep_float32: tuple[str, ...] = (),
                      select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in
@@ -65,7 +99,7 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, kee
     tensors = {}
     with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
         for file in files:
-            with safe_open(file, framework="pt", device="cpu") as f:
+            with open_safetensors(file) as f:
                 for name in f.keys():
                     if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
                     kept = torch.float32 if name.endswith(keep_float32) else dtype
