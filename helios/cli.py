@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+from functools import partial
 from typing import TextIO
 
 import torch
@@ -22,9 +23,11 @@ from .llm import LLM
 from .sampling import SamplingParams
 from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
+from .server.responses_api import DEFAULT_RESPONSES_STORE_SIZE, DEFAULT_RESPONSES_TTL_S, add_responses_routes
 
 # %% auto #0
-__all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat', 'main']
+__all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat',
+           'served_apis', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0b02550
 def _env(name: str, default=None):
@@ -104,6 +107,11 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
                      help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
                           "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")
+    srv.add_argument("--responses-store-size", type=int, default=int(_env("RESPONSES_STORE_SIZE", DEFAULT_RESPONSES_STORE_SIZE)),
+                     help="the Responses API keeps this many newest responses in memory, for GET /v1/responses/{id} "
+                          "and previous_response_id (0: none) [HELIOS_RESPONSES_STORE_SIZE]")
+    srv.add_argument("--responses-ttl-s", type=float, default=float(_env("RESPONSES_TTL_S", DEFAULT_RESPONSES_TTL_S)),
+                     help="how long the Responses API keeps each stored response, in seconds [HELIOS_RESPONSES_TTL_S]")
     _add_model_args(srv); add_engine_args(srv)
     return srv
 
@@ -211,7 +219,13 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         history.append({"role": "assistant", "content": answer})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
-SERVED_APIS: tuple[RouteAdder, ...] = ()  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
+SERVED_APIS: tuple[RouteAdder, ...] = (add_responses_routes,)  # the API shapes `helios serve` adds to OpenAI's (chapter 13's create_app)
+
+
+def served_apis(args) -> tuple[RouteAdder, ...]:
+    "SERVED_APIS with the settings their flags give: the Responses API's store limits (chapter 13a)."
+    options = {add_responses_routes: dict(store_size=args.responses_store_size, ttl_s=args.responses_ttl_s)}
+    return tuple(partial(add, **options[add]) if add in options else add for add in SERVED_APIS)
 
 
 def main(argv: list[str] | None = None):
@@ -230,7 +244,7 @@ def main(argv: list[str] | None = None):
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
-            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, SERVED_APIS)
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, served_apis(args))
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:

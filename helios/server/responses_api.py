@@ -322,7 +322,8 @@ def as_chat(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionReque
     choice = body.tool_choice
     if choice is not None:
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if isinstance(choice, FunctionChoice) else choice
-    if body.text is not None and body.text.format is not None: chat["response_format"] = body.text.format.for_chat()
+    if body.text is not None and body.text.format is not None and choice in (None, "none", "auto"):
+        chat["response_format"] = body.text.format.for_chat()   # a forced call has no text for a format to shape
     if body.reasoning is not None and body.reasoning.effort == "none": chat["chat_template_kwargs"] = {"enable_thinking": False}
     try:
         return ChatCompletionRequest.model_validate(chat)
@@ -587,6 +588,10 @@ def prepare_chat(llm: LLM, body: ResponsesRequest, conversation: list[dict]) -> 
             raise APIError(400, f"the conversation has {len(rendered.token_ids):,} tokens; the longest request this server "
                                 f"can run has {limit:,}; shorten it", param="input")
         params = replace(params, max_tokens=min(limit - len(rendered.token_ids), DEFAULT_CHAT_MAX_TOKENS))
+    try:
+        llm.engine.check_fits(len(rendered.token_ids), params.max_tokens)   # before a grammar is compiled for it
+    except ValueError as e:
+        raise APIError(400, str(e), param="max_output_tokens" if body.max_output_tokens else "input") from None
     params = replace(params, grammar=chat_grammar(llm.engine.grammars, llm.tokenizer, chat))
     shape = ChatShape(llm.tokenizer.supports_thinking, chat.rendered_tools is not None,
                       rendered.starts_in_reasoning and params.grammar is None, chat.parallel_tool_calls is not False)
