@@ -13,6 +13,7 @@ import jsonschema
 import openai
 import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _server import API_KEY, Server
 
@@ -331,3 +332,55 @@ def test_an_openai_agents_sdk_agent_loop(server):
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"], kinds
     assert len(ran) == 1 and ran[0] in ("Paris", "Tokyo") and isinstance(result.final_output, Forecast)
     assert len(result.raw_responses) == 2 and all(r.response_id.startswith("resp_") for r in result.raw_responses)
+
+
+junk = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**64), st.floats(allow_nan=True, allow_infinity=True),
+                 st.text(max_size=12), st.sampled_from(["\ud800", "caf\udfff"]), st.lists(st.integers(), max_size=2),
+                 st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+maybe = lambda good: st.one_of(good, good, junk)   # mostly legal-looking, often junk
+parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image", "text"]),
+                                        "text": maybe(st.text(max_size=20))}), max_size=2)
+items = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "tool"]),
+                           "content": st.one_of(st.text(max_size=20), parts, junk)}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": maybe(st.just("call_1")),
+                           "name": st.sampled_from(["get_weather", "bad name"]), "arguments": maybe(st.just("{}"))}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.just("call_1"),
+                           "output": st.one_of(st.text(max_size=10), parts, junk)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "web_search_call", "item_reference"]),
+                           "summary": maybe(st.just([]))}), junk), max_size=4)
+responses_bodies = st.fixed_dictionaries(
+    {"input": st.one_of(st.text(max_size=20), items, junk), "max_output_tokens": maybe(st.sampled_from([1, 3, 6]))},
+    optional={"instructions": maybe(st.text(max_size=10)), "temperature": maybe(st.floats(0, 2)),
+              "top_p": maybe(st.floats(0, 1)), "stream": st.booleans(), "store": maybe(st.booleans()),
+              "tools": maybe(st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "file_search"]),
+                                                             "name": st.sampled_from(["get_weather", "f", ""])},
+                                                            optional={"parameters": maybe(st.just({"type": "object"}))}),
+                                      max_size=2)),
+              "tool_choice": maybe(st.one_of(st.sampled_from(["auto", "none", "required", "any"]),
+                                             st.fixed_dictionaries({"type": st.just("function"),
+                                                                    "name": st.sampled_from(["get_weather", "g"])}))),
+              "text": maybe(st.fixed_dictionaries({"format": maybe(st.fixed_dictionaries(
+                  {"type": st.sampled_from(["text", "json_object", "json_schema"])},
+                  optional={"name": st.just("x"), "schema": maybe(st.just({"type": "object"}))}))})),
+              "previous_response_id": maybe(st.just("resp_x")), "reasoning": maybe(st.just({"effort": "low"})),
+              "metadata": maybe(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2))})
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=responses_bodies)
+def test_generated_bodies_are_served_or_refused_in_openais_shape(server, body):
+    r = httpx.post(server.url + "/v1/responses", content=json.dumps(body).encode(), timeout=60,
+                   headers={**server.headers, "content-type": "application/json"})
+    assert r.status_code < 500, r.text[:500]
+    if r.status_code >= 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    elif body.get("stream") is True:
+        assert r.text.rstrip().split("\n\n")[-1].startswith("event: response.")
+    else:
+        assert r.json()["status"] in ("completed", "incomplete")
+
+
+def test_the_server_is_idle_afterwards(server):
+    server.wait_idle()
