@@ -23,7 +23,8 @@ from .llm import LLM
 from .sampling import SamplingParams
 from .server.app import DEFAULT_SHUTDOWN_GRACE_S, RouteAdder, ServerSettings, serve, served_name
 from .server.edge import DEFAULT_MAX_REQUEST_BYTES, EdgeRules
-from .server.responses_api import DEFAULT_RESPONSES_STORE_SIZE, DEFAULT_RESPONSES_TTL_S, add_responses_routes
+from .server.responses_api import (DEFAULT_RESPONSES_STORE_SIZE, DEFAULT_RESPONSES_TTL_S, add_responses_routes,
+                                         check_store_limits)
 
 # %% auto #0
 __all__ = ['SERVED_APIS', 'add_engine_args', 'engine_settings', 'build_parser', 'byte_count', 'run_generate', 'run_chat',
@@ -223,7 +224,8 @@ SERVED_APIS: tuple[RouteAdder, ...] = (add_responses_routes,)  # the API shapes 
 
 
 def served_apis(args) -> tuple[RouteAdder, ...]:
-    "SERVED_APIS with the settings their flags give: the Responses API's store limits (chapter 13a)."
+    "SERVED_APIS with the settings their flags give: the Responses API's store limits (chapter 13a), checked."
+    check_store_limits(args.responses_store_size, args.responses_ttl_s)
     options = {add_responses_routes: dict(store_size=args.responses_store_size, ttl_s=args.responses_ttl_s)}
     return tuple(partial(add, **options[add]) if add in options else add for add in SERVED_APIS)
 
@@ -234,7 +236,9 @@ def main(argv: list[str] | None = None):
         if args.command == "bench":
             from helios.bench.main import bench_main
             sys.exit(bench_main(args))
-        if args.command == "serve": EdgeRules(args.api_key, args.max_request_bytes)  # a bad key fails before loading
+        if args.command == "serve":   # a bad key or limit fails before the model loads
+            EdgeRules(args.api_key, args.max_request_bytes)
+            apis = served_apis(args)
         env = rank_env()
         if env is not None and env.rank != 0:  # a rank started elsewhere (another machine): no server, the forward only
             if args.threads: torch.set_num_threads(int(args.threads))
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None):
         if args.command == "serve":
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
-            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, served_apis(args))
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, apis)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:

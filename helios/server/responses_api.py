@@ -44,8 +44,8 @@ __all__ = ['DEFAULT_RESPONSES_STORE_SIZE', 'DEFAULT_RESPONSES_TTL_S', 'MAX_METAD
            'ReasoningItem', 'OtherItem', 'item_kind', 'FunctionTool', 'FunctionChoice', 'TextFormat', 'TextConfig',
            'ReasoningConfig', 'ResponseStreamOptions', 'ResponsesRequest', 'chat_messages', 'with_instructions',
            'responses_name', 'responses_error', 'as_chat', 'new_item', 'OutputItems', 'reasoning_tokens',
-           'response_usage', 'StoredResponse', 'ResponseStore', 'ResponseJob', 'prepare_chat', 'document',
-           'add_responses_routes']
+           'response_usage', 'StoredResponse', 'check_store_limits', 'ResponseStore', 'ResponseJob', 'prepare_chat',
+           'document', 'add_responses_routes']
 
 # %% ../../nbs/13a_responses_api.ipynb #cfe3d90e
 DEFAULT_RESPONSES_STORE_SIZE = 1024   # responses kept for GET and previous_response_id: the newest this many
@@ -450,10 +450,18 @@ class StoredResponse(NamedTuple):
     expires_at: float          # on the store's clock
 
 
+def check_store_limits(max_responses: int, ttl_s: float):
+    "The store's limits, as `helios serve` names them: a ValueError that says what is allowed."
+    if not isinstance(max_responses, int) or max_responses < 0:
+        raise ValueError(f"--responses-store-size must be a whole number >= 0 (0 keeps none), got {max_responses!r}")
+    if not ttl_s > 0: raise ValueError(f"--responses-ttl-s must be a number of seconds > 0, got {ttl_s!r}")
+
+
 class ResponseStore:
     "The responses kept for GET /v1/responses/{id} and previous_response_id: the newest max_responses, for ttl_s each."
     def __init__(self, max_responses: int = DEFAULT_RESPONSES_STORE_SIZE, ttl_s: float = DEFAULT_RESPONSES_TTL_S,
                  clock=time.monotonic):
+        check_store_limits(max_responses, ttl_s)
         self.max_responses, self.ttl_s, self.clock = max_responses, ttl_s, clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()   # oldest first: also the first to expire
 

@@ -304,6 +304,17 @@ def test_help_shows_the_store_limits():
     assert "--responses-ttl-s" in flat and "(default: 3600.0)" in flat
 
 
+def test_the_store_flags_reach_the_route_adder():
+    from helios.cli import build_parser, served_apis
+    from helios.server.responses_api import add_responses_routes
+    args = build_parser().parse_args(["serve", "--responses-store-size", "5", "--responses-ttl-s", "60"])
+    (adder,) = [a for a in served_apis(args) if getattr(a, "func", None) is add_responses_routes]
+    assert adder.keywords == {"store_size": 5, "ttl_s": 60.0}
+    for flag, value in (("--responses-store-size", "-1"), ("--responses-ttl-s", "0")):
+        r = subprocess.run(["helios", "serve", flag, value, "--model", "/no/such/model"], capture_output=True, text=True)
+        assert r.returncode != 0 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_an_openai_agents_sdk_agent_loop(server):
     "The OpenAI Agents SDK on /v1/responses: a forced tool call, the tool run by the SDK, then a final answer."
     agents = pytest.importorskip("agents")
