@@ -16,12 +16,12 @@ import traceback
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Annotated, AsyncIterator, Literal, NamedTuple, Union
+from typing import Annotated, Any, AsyncIterator, Literal, NamedTuple, Union
 
 from fastapi import FastAPI, Request
 from fastcore.basics import patch
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
+                      StrictInt, Tag, ValidationError, field_validator, model_validator)
 
 from ..engine import RequestOutput
 from ..llm import LLM
@@ -39,13 +39,13 @@ from .streams import merged
 # %% auto #0
 __all__ = ['DEFAULT_RESPONSES_STORE_SIZE', 'DEFAULT_RESPONSES_TTL_S', 'MAX_METADATA_KEYS', 'MAX_METADATA_KEY_CHARS',
            'MAX_METADATA_VALUE_CHARS', 'TEXT_PARTS', 'Content', 'ITEM_TAGS', 'OTHER_ITEM', 'InputItem', 'Input',
-           'ResponsesToolChoice', 'Metadata', 'CHAT_NAMES', 'CHAT_TOOL', 'PARTS', 'TEXT_EVENTS', 'TextContent',
-           'check_text_parts', 'joined', 'MessageItem', 'FunctionCallItem', 'FunctionCallOutputItem', 'ReasoningText',
-           'ReasoningItem', 'OtherItem', 'item_kind', 'FunctionTool', 'FunctionChoice', 'TextFormat', 'TextConfig',
-           'ReasoningConfig', 'ResponseStreamOptions', 'ResponsesRequest', 'chat_messages', 'with_instructions',
-           'responses_name', 'responses_error', 'as_chat', 'new_item', 'OutputItems', 'reasoning_tokens',
-           'response_usage', 'StoredResponse', 'check_store_limits', 'ResponseStore', 'ResponseJob', 'prepare_chat',
-           'document', 'add_responses_routes']
+           'ResponsesToolChoice', 'Metadata', 'NotServed', 'CHAT_NAMES', 'CHAT_TOOL', 'PARTS', 'TEXT_EVENTS',
+           'TextContent', 'check_text_parts', 'joined', 'MessageItem', 'FunctionCallItem', 'FunctionCallOutputItem',
+           'ReasoningText', 'ReasoningItem', 'OtherItem', 'item_kind', 'FunctionTool', 'FunctionChoice', 'TextFormat',
+           'TextConfig', 'ReasoningConfig', 'not_served', 'ResponseStreamOptions', 'ResponsesRequest', 'chat_messages',
+           'with_instructions', 'responses_name', 'responses_error', 'as_chat', 'new_item', 'OutputItems',
+           'reasoning_tokens', 'response_usage', 'StoredResponse', 'check_store_limits', 'ResponseStore', 'ResponseJob',
+           'prepare_chat', 'document', 'add_responses_routes']
 
 # %% ../../nbs/13a_responses_api.ipynb #cfe3d90e
 DEFAULT_RESPONSES_STORE_SIZE = 1024   # responses kept for GET and previous_response_id: the newest this many
@@ -225,10 +225,20 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=MAX_METADATA_KEY_CHARS
                           Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS)]], Field(max_length=MAX_METADATA_KEYS)]
 
 
+def not_served(value):
+    if value is not None:
+        raise ValueError("this field of OpenAI's API needs what only OpenAI's platform has (hosted conversations, "
+                         "stored prompts, hosted tools, logprobs of the Responses shape); leave it out")
+    return value
+
+
+NotServed = Annotated[Any, AfterValidator(not_served)]   # OpenAI's, refused with a reason rather than "unknown"
+
+
 class ResponseStreamOptions(BaseModel):
     include_obfuscation: StrictBool | None = None   # accepted: events are never padded here
 
-
+# %% ../../nbs/13a_responses_api.ipynb #df4d9d96
 class ResponsesRequest(BaseModel):
     "POST /v1/responses: OpenAI's fields that a local engine can honour; any other field is a 400."
     model_config = ConfigDict(extra="forbid")
@@ -256,6 +266,11 @@ class ResponsesRequest(BaseModel):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
+    conversation: NotServed = None
+    prompt: NotServed = None
+    context_management: NotServed = None
+    max_tool_calls: NotServed = None
+    top_logprobs: NotServed = None
 
     @model_validator(mode="after")
     def _some_input(self):
@@ -269,7 +284,7 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str): return [MessageItem(role="user", content=self.input)]
         return list(self.input or ())
 
-# %% ../../nbs/13a_responses_api.ipynb #50cdc1ee
+# %% ../../nbs/13a_responses_api.ipynb #ea63fb8b
 def chat_messages(items: list) -> list[dict]:
     "The items of a conversation as the chat messages a template renders."
     messages, reasoning = [], None
@@ -297,7 +312,7 @@ def with_instructions(instructions: str | None, conversation: list[dict]) -> lis
     if lead < 2: return messages
     return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:lead])}] + messages[lead:]
 
-# %% ../../nbs/13a_responses_api.ipynb #8f931a65
+# %% ../../nbs/13a_responses_api.ipynb #94480b81
 CHAT_NAMES = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
               ("response_format", "text.format"))
 CHAT_TOOL = re.compile(r"(tools\[\d+\])\.function\.")
@@ -330,7 +345,7 @@ def as_chat(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionReque
     except ValidationError as e:
         raise responses_error(validation_error(e.errors(include_url=False))) from None
 
-# %% ../../nbs/13a_responses_api.ipynb #f430e34b
+# %% ../../nbs/13a_responses_api.ipynb #07354da0
 PARTS = {"reasoning": {"type": "reasoning_text", "text": ""},
          "message": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
 TEXT_EVENTS = {"reasoning": "response.reasoning_text", "message": "response.output_text"}
@@ -377,7 +392,7 @@ class OutputItems:
     def _where(self, item: dict) -> dict:
         return {"item_id": item["id"], "output_index": self.items.index(item)}
 
-# %% ../../nbs/13a_responses_api.ipynb #07354da0
+# %% ../../nbs/13a_responses_api.ipynb #69378f2d
 @patch
 def _begin(self: OutputItems, kind: str) -> list[dict]:
     self._open = item = new_item(kind)
@@ -427,7 +442,7 @@ def _call(self: OutputItems, call: dict) -> list[dict]:
         {"type": "response.function_call_arguments.done", **where, "name": fn["name"], "arguments": fn["arguments"]},
         {"type": "response.output_item.done", "output_index": where["output_index"], "item": dict(item)}]
 
-# %% ../../nbs/13a_responses_api.ipynb #f11f2d2e
+# %% ../../nbs/13a_responses_api.ipynb #1ec63130
 def reasoning_tokens(tokenizer, token_ids: list[int], reasoning: str) -> int:
     "Output tokens spent thinking: through the </think> token, or all of them when the block never closed."
     if not reasoning: return 0
@@ -443,7 +458,7 @@ def response_usage(tokenizer, out: RequestOutput, reasoning: str) -> dict:
             "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning_tokens(tokenizer, token_ids, reasoning)},
             "total_tokens": prompt + output}
 
-# %% ../../nbs/13a_responses_api.ipynb #1ec63130
+# %% ../../nbs/13a_responses_api.ipynb #ffe02ed7
 class StoredResponse(NamedTuple):
     body: dict                 # the Response object, as GET returns it
     conversation: list[dict]   # input and output as chat messages (no instructions): what a continuation extends
@@ -499,7 +514,7 @@ class ResponseStore:
         now = self.clock()
         while self._entries and next(iter(self._entries.values())).expires_at <= now: self._entries.popitem(last=False)
 
-# %% ../../nbs/13a_responses_api.ipynb #3fe91429
+# %% ../../nbs/13a_responses_api.ipynb #bd57dbcd
 class ResponseJob(Job):
     "One response: chapter 13's Job (submission, disconnects, cancellation), answered as a Response or its events."
     def __init__(self, llm: LLM, metrics: ServerMetrics, model: str, prompt_ids: list[int], params: SamplingParams,
@@ -540,7 +555,7 @@ class ResponseJob(Job):
         return {"type": "response.failed", "response": self._response(
             "failed", items.items, error={"code": "server_error", "message": message})}
 
-# %% ../../nbs/13a_responses_api.ipynb #bd57dbcd
+# %% ../../nbs/13a_responses_api.ipynb #71b3db2d
 @patch
 def _sse_event(self: ResponseJob, event: dict) -> str:
     "One typed event, numbered in the order it is sent."
@@ -580,7 +595,7 @@ async def _events(self: ResponseJob, streams, items: OutputItems) -> AsyncIterat
         for e in events: yield e
         yield {"type": f"response.{body['status']}", "response": body}
 
-# %% ../../nbs/13a_responses_api.ipynb #71b3db2d
+# %% ../../nbs/13a_responses_api.ipynb #1a155004
 def prepare_chat(llm: LLM, body: ResponsesRequest, conversation: list[dict]) -> tuple[list[int], SamplingParams, ChatShape]:
     "The prompt's token ids, the sampling parameters (grammar included) and the shape of the answer. Off the loop."
     messages = with_instructions(body.instructions, conversation)
@@ -621,7 +636,7 @@ def document(app: FastAPI, *models: type[BaseModel]):
         return spec
     app.openapi = spec
 
-# %% ../../nbs/13a_responses_api.ipynb #1a155004
+# %% ../../nbs/13a_responses_api.ipynb #2ef6c9ed
 def add_responses_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics, *,
                          store_size: int = DEFAULT_RESPONSES_STORE_SIZE, ttl_s: float = DEFAULT_RESPONSES_TTL_S):
     "POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API on chat completions' engine path."

@@ -212,6 +212,7 @@ BAD = [
     ({"input": "hi", "temperature": -1}, "temperature"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": "hi", "conversation": "conv_1"}, "conversation"),
     ({"input": "hi", "metadata": {"k": "v" * 600}}, "metadata.k"),
     ({"input": "hi", "previous_response_id": "resp_unknown"}, "previous_response_id"),
     ({"input": []}, "input"),
