@@ -21,7 +21,7 @@ from typing import Annotated, Any, AsyncIterator, Literal, NamedTuple, Union
 from fastapi import FastAPI, Request
 from fastcore.basics import patch
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
-                      StrictInt, Tag, ValidationError, field_validator, model_validator)
+                      StrictInt, Tag, ValidationError, WithJsonSchema, field_validator, model_validator)
 
 from ..engine import RequestOutput
 from ..llm import LLM
@@ -158,15 +158,15 @@ Input = Annotated[Union[Annotated[str, Tag("a string")],
 class FunctionTool(BaseModel):
     "A function the model may call, as the Responses API writes it: flat, not inside a 'function' object."
     model_config = ConfigDict(extra="ignore")
-    type: str
+    type: Literal["function"]
     name: Name
     description: str | None = None
     parameters: dict | None = None   # a JSON schema of the arguments object; absent: any object
     strict: StrictBool | None = None
 
-    @field_validator("type")
+    @field_validator("type", mode="before")
     @classmethod
-    def _functions_only(cls, kind: str) -> str:
+    def _functions_only(cls, kind):
         if kind != "function":
             raise ValueError(f"type {kind!r:.40} is a tool OpenAI hosts; this server runs function tools only "
                              "({'type': 'function', 'name', 'parameters'})")
@@ -232,7 +232,8 @@ def not_served(value):
     return value
 
 
-NotServed = Annotated[Any, AfterValidator(not_served)]   # OpenAI's, refused with a reason rather than "unknown"
+# OpenAI's, refused with a reason rather than as unknown; the OpenAPI spec says null, the one value taken
+NotServed = Annotated[Any, AfterValidator(not_served), WithJsonSchema({"type": "null"})]
 
 
 class ResponseStreamOptions(BaseModel):
@@ -241,7 +242,8 @@ class ResponseStreamOptions(BaseModel):
 # %% ../../nbs/13a_responses_api.ipynb #df4d9d96
 class ResponsesRequest(BaseModel):
     "POST /v1/responses: OpenAI's fields that a local engine can honour; any other field is a 400."
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={   # for the OpenAPI spec; _some_input enforces it
+        "anyOf": [{"required": ["input"]}, {"required": ["previous_response_id"]}]})
     model: str | None = None
     input: Input | None = None
     instructions: str | None = None
