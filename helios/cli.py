@@ -13,6 +13,7 @@ import importlib.util
 import math
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -151,6 +152,13 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     srv.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=_env("WARM_UP", "1") != "0",
                      help="listen without first running one forward of each kind (a cold and a prefix-hit prompt "
                           "chunk, decode at every batch size) [HELIOS_WARM_UP=0]")
+    store_size = module_constant("helios.server.responses_api", "DEFAULT_RESPONSES_STORE_SIZE")
+    srv.add_argument("--responses-store-size", type=int, default=int(_env("RESPONSES_STORE_SIZE", store_size)),
+                     help="the Responses API keeps this many newest responses in memory, for GET /v1/responses/{id} "
+                          "and previous_response_id (0: none) [HELIOS_RESPONSES_STORE_SIZE]")
+    ttl_s = module_constant("helios.server.responses_api", "DEFAULT_RESPONSES_TTL_S")
+    srv.add_argument("--responses-ttl-s", type=float, default=float(_env("RESPONSES_TTL_S", ttl_s)),
+                     help="how long the Responses API keeps each stored response, in seconds [HELIOS_RESPONSES_TTL_S]")
     _add_model_args(srv); add_engine_args(srv)
     return srv
 
@@ -300,10 +308,15 @@ def run_chat(llm: LLM, args, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
         history.append({"role": "assistant", "content": _answer(llm, prompt, _params(args), out)})
 
 # %% ../nbs/90_cli.ipynb #8309e5d7
-def served_apis() -> tuple[RouteAdder, ...]:
-    "The API shapes `helios serve` adds to OpenAI's (chapter 13's `create_app`), imported only when it serves."
+def served_apis(args) -> tuple[RouteAdder, ...]:
+    """The API shapes `helios serve` adds to OpenAI's (chapter 13's `create_app`), with the limits their flags give.
+
+    Imported only when it serves; the Responses store's limits are checked before the model loads."""
     from helios.server.messages_api import add_messages_routes
-    return (add_messages_routes,)
+    from helios.server.responses_api import add_responses_routes, check_store_limits
+    check_store_limits(args.responses_store_size, args.responses_ttl_s)
+    responses = partial(add_responses_routes, store_size=args.responses_store_size, ttl_s=args.responses_ttl_s)
+    return (responses, add_messages_routes)
 
 
 def main(argv: list[str] | None = None):
@@ -314,7 +327,9 @@ def main(argv: list[str] | None = None):
             sys.exit(bench_main(args))
         from helios.distributed.launch import join_as_worker, rank_env
         from helios.server.edge import EdgeRules
-        if args.command == "serve": EdgeRules(args.api_key, args.max_request_bytes)  # a bad key fails before loading
+        if args.command == "serve":   # a bad key or limit fails before the model loads
+            EdgeRules(args.api_key, args.max_request_bytes)
+            apis = served_apis(args)
         env = rank_env()
         if env is not None and env.rank != 0:  # a rank started elsewhere (another machine): no server, the forward only
             _set_threads(args)
@@ -325,7 +340,7 @@ def main(argv: list[str] | None = None):
             from helios.server.app import ServerSettings, serve, served_name
             settings = ServerSettings(args.served_model_name or served_name(args.model, llm), args.api_key,
                                       args.max_request_bytes, args.public_metrics, args.return_timings)
-            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, served_apis())
+            serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, apis)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
     except (ValueError, FileNotFoundError) as e:

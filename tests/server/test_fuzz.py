@@ -147,5 +147,5 @@ def test_schemathesis_finds_no_server_error(server):
         run()
     print("schemathesis:", {label: dict(c) for label, c in statuses.items()})
     posts = {label: c for label, c in statuses.items() if label.startswith("POST")}
-    assert len(posts) == 8 and all(sum(n for status, n in c.items() if status >= 400) for c in posts.values()), statuses
+    assert len(posts) == 10 and all(sum(n for status, n in c.items() if status >= 400) for c in posts.values()), statuses
     assert all(c[200] for label, c in posts.items() if "positive" in label), statuses  # valid data is served
