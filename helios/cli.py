@@ -106,6 +106,7 @@ def _add_sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--seed", type=int, default=None, help="seed the sampling (default: fresh randomness)")
 
 
+# %% ../nbs/90_cli.ipynb #e2c43a75
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]   # uvicorn's
 
 
@@ -126,6 +127,7 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
+# %% ../nbs/90_cli.ipynb #caebf3d0
 def _serve_parser(sub) -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible API", formatter_class=_HelpWithLimits,
                          epilog=_limits_epilog)
@@ -134,7 +136,7 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
                      help="the name clients send as 'model' (default: --model as given; SmolLM2-135M-Instruct) [HELIOS_SERVED_MODEL_NAME]")
     srv.add_argument("--api-key", default=_env("API_KEY"),
-                     help="require 'Authorization: Bearer KEY' (default: none, no key asked) [HELIOS_API_KEY]")
+                     help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (default: none, no key asked) [HELIOS_API_KEY]")
     grace_s = module_constant("helios.server.app", "DEFAULT_SHUTDOWN_GRACE_S")
     srv.add_argument("--shutdown-grace-s", type=float, default=float(_env("SHUTDOWN_GRACE_S", grace_s)),
                      help="after SIGTERM or Ctrl-C, how long in-flight requests may take to finish [HELIOS_SHUTDOWN_GRACE_S]")
