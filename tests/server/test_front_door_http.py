@@ -1,5 +1,6 @@
 """What a new user meets first, against real processes: unknown fields refused over HTTP (the official client sees
 a 400 naming the field), and `helios chat` at a terminal (a pty) surviving Ctrl-C."""
+import signal
 import time
 
 import httpx
@@ -52,12 +53,18 @@ def wait_for_prompt(chat, timeout: float = 120):
     chat.expect_exact("> ", timeout=timeout)
 
 
+def interruptible():
+    """In the child: Ctrl-C as a terminal gives it. A shell that started these tests in the background (CI scripts,
+    `cmd &`) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_chat_in_a_terminal_survives_ctrl_c():
     """Default model, in a pty: an answer, Ctrl-C mid-answer (the program stays, the next prompt comes), the first
     question again through the arrow keys (readline's history) and its answer, /reset, then Ctrl-D: exit status 0
     and no traceback."""
     chat = pexpect.spawn("helios", ["chat", "--threads", "2", "--max-tokens", "400", "--temperature", "0"],
-                         encoding="utf-8", timeout=180, dimensions=(40, 200))
+                         encoding="utf-8", timeout=180, dimensions=(40, 200), preexec_fn=interruptible)
     try:
         wait_for_prompt(chat)
         chat.sendline("What is the capital of France? Answer in one word.")
@@ -86,7 +93,7 @@ def test_chat_in_a_terminal_survives_ctrl_c():
 
 
 def test_chat_ctrl_c_at_the_prompt_exits_cleanly():
-    chat = pexpect.spawn("helios", ["chat", "--threads", "2"], encoding="utf-8", timeout=180)
+    chat = pexpect.spawn("helios", ["chat", "--threads", "2"], encoding="utf-8", timeout=180, preexec_fn=interruptible)
     try:
         wait_for_prompt(chat)
         chat.sendintr()
