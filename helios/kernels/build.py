@@ -158,7 +158,8 @@ def build_library(sources: tuple[str, ...], defines: tuple[str, ...] = (), cache
 # %% ../../nbs/92_kernels.ipynb #7e84569f
 def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], folder: Path,
            rebuild: bool) -> Path | str:
-    "The library this command makes of sources, from the cache or compiled now; if it cannot be made, what went wrong."
+    """The library this command makes of sources, from the cache or compiled now; if it does not compile, what went
+    wrong; KernelUnavailable if nothing can be written in the folder (no other command would fare better)."""
     key = hashlib.sha256()
     for part in [*command, *sources]: key.update(part.encode() + b"\0")
     for path in inputs: key.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")  # every source and header
@@ -169,7 +170,7 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
         handle, partial = tempfile.mkstemp(suffix=".partial", dir=folder)
         os.close(handle)
     except OSError as e:
-        return f"{shown}\ncannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder"
+        raise KernelUnavailable(f"cannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder") from None
     try:
         run = subprocess.run([*command, "-x", "c", "-", "-o", partial, "-lm"], input=translation_unit(sources),
                              capture_output=True, text=True, timeout=300)
@@ -184,7 +185,7 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
         Path(partial).unlink(missing_ok=True)
 
 # %% ../../nbs/92_kernels.ipynb #f45e1f02
-_ELF_LAYOUTS = {  # ELF class (1: 32-bit, 2: 64-bit) -> header format, program header format, where p_offset and p_filesz are
+_ELF_LAYOUTS = {  # ELF class (1: 32-bit, 2: 64-bit) -> header, program header, where p_offset and p_filesz sit
     1: ("16sHHIIIIIHHHHHH", "8I", (1, 4)),
     2: ("16sHHIQQQIHHHHHH", "IIQQQQQQ", (2, 5)),
 }
