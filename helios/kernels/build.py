@@ -11,6 +11,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 from importlib.resources import files
@@ -47,7 +48,8 @@ def c_compiler() -> list[str] | None:
 # %% auto #0
 __all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
            'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags',
-           'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'build_kernels', 'load_built']
+           'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'check_whole_library', 'build_kernels',
+           'load_built']
 
 # %% ../../nbs/92_kernels.ipynb #c3a8cc4c
 ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
@@ -156,7 +158,8 @@ def build_library(sources: tuple[str, ...], defines: tuple[str, ...] = (), cache
 # %% ../../nbs/92_kernels.ipynb #7e84569f
 def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], folder: Path,
            rebuild: bool) -> Path | str:
-    "The library this command makes of sources, from the cache or compiled now; if it cannot be made, what went wrong."
+    """The library this command makes of sources, from the cache or compiled now; if it does not compile, what went
+    wrong; KernelUnavailable if nothing can be written in the folder (no other command would fare better)."""
     key = hashlib.sha256()
     for part in [*command, *sources]: key.update(part.encode() + b"\0")
     for path in inputs: key.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")  # every source and header
@@ -167,11 +170,12 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
         handle, partial = tempfile.mkstemp(suffix=".partial", dir=folder)
         os.close(handle)
     except OSError as e:
-        return f"{shown}\ncannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder"
+        raise KernelUnavailable(f"cannot write in {folder} ({e}); set HELIOS_CACHE_DIR to a writable folder") from None
     try:
         run = subprocess.run([*command, "-x", "c", "-", "-o", partial, "-lm"], input=translation_unit(sources),
                              capture_output=True, text=True, timeout=300)
         if run.returncode == 0:
+            with open(partial, "rb") as f: os.fsync(f.fileno())  # its bytes reach the disk before its name does
             os.replace(partial, path)  # atomic: two processes building the same kernel do no harm
             return path
         return f"{shown}\n{run.stderr.strip()[-800:]}"
@@ -179,6 +183,32 @@ def _build(sources: tuple[str, ...], inputs: list[Path], command: list[str], fol
         return f"{shown}\n{e}"
     finally:
         Path(partial).unlink(missing_ok=True)
+
+# %% ../../nbs/92_kernels.ipynb #f45e1f02
+_ELF_LAYOUTS = {  # ELF class (1: 32-bit, 2: 64-bit) -> header, program header, where p_offset and p_filesz sit
+    1: ("16sHHIIIIIHHHHHH", "8I", (1, 4)),
+    2: ("16sHHIQQQIHHHHHH", "IIQQQQQQ", (2, 5)),
+}
+
+
+def check_whole_library(path: Path) -> Path:
+    """path, unless it is an ELF library cut short (OSError): every segment it maps and its section table must lie
+    inside the file. A library cut short (a crash or a full disk while it was written) would be mapped past its end,
+    and the process killed by SIGBUS as it loads: it never reaches dlopen."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF": return path  # no ELF file (macOS's Mach-O, garbage): the loader reads that much itself
+    if data[4] not in _ELF_LAYOUTS or data[5] not in (1, 2): raise OSError(f"{path} has an ELF header of no known kind")
+    order = "<" if data[5] == 1 else ">"  # EI_DATA: little- or big-endian
+    header, segment, (offset, size) = _ELF_LAYOUTS[data[4]]
+    try:
+        h = struct.unpack_from(order + header, data)  # e_phoff h[5], e_shoff h[6], e_phentsize h[9] ... e_shnum h[12]
+        ends = [h[6] + h[11] * h[12]] + [p[offset] + p[size] for p in
+                (struct.unpack_from(order + segment, data, h[5] + i * h[9]) for i in range(h[10]))]
+    except struct.error:
+        ends = [len(data) + 1]  # its tables are cut
+    if max(ends) > len(data): raise OSError(f"{path} is cut short: {len(data):,} bytes, its tables reach byte {max(ends):,}")
+    return path
+
 
 # %% ../../nbs/92_kernels.ipynb #056f2e5c
 def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | None = None, rebuild: bool = False,
@@ -191,14 +221,15 @@ def build_kernels(head_dim: int, group: int, kv_heads: int, cache_dir: Path | No
 
 
 def load_built(build, load):
-    """load(build(rebuild=False)): a library from the cache, loaded. A cached file that does not load is built again,
-    once; if that does not load either (a missing OpenMP runtime, say), KernelUnavailable says why."""
+    """load(build(rebuild=False)): a library from the cache, checked whole, then loaded. A cached file cut short or
+    that does not load is built again, once; if that does not load either (a missing OpenMP runtime, say),
+    KernelUnavailable says why."""
     library = build(rebuild=False)
     try:
-        return load(library)
+        return load(check_whole_library(library))
     except OSError:  # a broken file in the cache
         library = build(rebuild=True)
     try:
-        return load(library)
+        return load(check_whole_library(library))
     except OSError as e:
         raise KernelUnavailable(f"could not load {library}: {e}")
