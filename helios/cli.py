@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from .bench.workloads import WORKLOADS
 from .config import EngineConfig, Setting, settings
+from .registry import Unavailable
 
 if TYPE_CHECKING:  # torch, the engine and the server load when a command runs, so `helios --help` answers at once
     from helios.llm import LLM
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None):
             serve(llm, settings, args.host, args.port, args.shutdown_grace_s, args.log_level, apis)
         else:
             with llm: (run_generate if args.command == "generate" else run_chat)(llm, args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, Unavailable) as e:   # a bad input, a missing file, a backend that cannot run here
         sys.exit(f"helios: error: {e}")
     except KeyboardInterrupt:  # Ctrl-C while the model loads or an answer is generated: no traceback
         sys.exit(130)
