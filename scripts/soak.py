@@ -171,10 +171,11 @@ class Driver:
         if r.status_code != 200: return
         out = r.json()
         self.openai_usage(kind, out["usage"], len(out["choices"]))
-        for choice in out["choices"]: self.check_choice(kind, choice["message"], extra)
+        for choice in out["choices"]:
+            if choice["finish_reason"] != "length": self.check_choice(kind, choice["message"], extra)
 
     def check_choice(self, kind: str, message: dict, extra: dict):
-        "A grammar's answer parses as its schema says; a required tool call is there."
+        "A grammar's whole answer parses as its schema says; a required tool call is there."
         if "response_format" in extra:
             try: value = json.loads(message["content"])
             except (TypeError, json.JSONDecodeError): return self.tally.problem(kind, f"not JSON: {message['content']!r}")
@@ -196,10 +197,10 @@ class Driver:
         if not done or finishes != n: return self.tally.problem(kind, f"done={done} finishes={finishes} of {n}")
         self.openai_usage(kind, usage, n)
 
-    def grammar(self, c, rng): self.chat(c, rng, "json_schema", response_format=PERSON)
+    def grammar(self, c, rng): self.chat(c, rng, "json_schema", response_format=PERSON, max_tokens=100)
 
     def tools(self, c, rng):
-        self.chat(c, rng, "tools", tools=[WEATHER], tool_choice="required", max_tokens=120)
+        self.chat(c, rng, "tools", tools=[WEATHER], tool_choice="required", max_tokens=150)
 
     def long_prompt(self, c, rng):
         "A prompt of ~200-350 tokens with a long answer: with others it overflows the pool, so requests are preempted."
@@ -465,6 +466,7 @@ class SoakReport:
     num_5xx: int
     problems: list
     rss_mib: dict              # start (after warm-up), end, max during the run
+    samples: list              # [seconds after the warm-up, RSS MiB, open fds, requests so far] every 15 s
     fds: dict
     probe_s: dict              # start, end (the best of up to PROBE_ROUNDS medians), every end median
     idle: dict                 # /health at the end
@@ -520,11 +522,12 @@ def soak(url: str, pid: int, headers: dict, duration_s: float, workers: int = 4,
     rss_start, fds_start = rss_mib(pid), num_fds(pid)
     probe_start = probe_median_s(url, headers, tally)
     log(f"after warm-up: RSS {rss_start:.1f} MiB, {fds_start} fds, probe median {probe_start * 1000:.1f} ms")
-    samples = []
+    samples, main_start = [], time.monotonic()
 
     def sample():
-        samples.append((rss_mib(pid), num_fds(pid)))
-        log(f"  {len(samples):3d}: RSS {samples[-1][0]:.1f} MiB, {samples[-1][1]} fds, {sum(tally.by_kind().values())} requests")
+        samples.append((round(time.monotonic() - main_start), round(rss_mib(pid), 1), num_fds(pid),
+                        sum(tally.by_kind().values())))
+        log(f"  {samples[-1][0]:5d} s: RSS {samples[-1][1]:.1f} MiB, {samples[-1][2]} fds, {samples[-1][3]} requests")
     traffic(driver, workers, duration_s - warm_up_s, seed + 1, pause_s, on_tick=sample)
     idle = wait_idle(url, headers)
     time.sleep(1.0)   # the last connections' sockets close
@@ -558,8 +561,8 @@ def soak(url: str, pid: int, headers: dict, duration_s: float, workers: int = 4,
         duration_s=duration_s, workers=workers, requests=tally.by_kind(),
         statuses={f"{kind} {code}": k for (kind, code), k in sorted(tally.statuses.items())}, num_5xx=tally.num_5xx(),
         problems=tally.problems, rss_mib={"start": round(rss_start, 1), "end": round(rss_end, 1),
-                                          "max": round(max([s[0] for s in samples] + [rss_end]), 1)},
-        fds={"start": fds_start, "end": fds_end, "max": max([s[1] for s in samples] + [fds_end])},
+                                          "max": round(max([s[1] for s in samples] + [rss_end]), 1)},
+        samples=samples, fds={"start": fds_start, "end": fds_end, "max": max([s[2] for s in samples] + [fds_end])},
         probe_s={"start": round(probe_start, 4), "end": round(min(probe_end), 4), "end_rounds": [round(p, 4) for p in probe_end]},
         idle=idle, metrics=table, exercised=exercised, failures=failures, machine=machine())
 
