@@ -93,11 +93,17 @@ class Tally:
 
 
 def sse_lines(response: httpx.Response):
-    "The data payloads of a server-sent event stream, parsed (the [DONE] marker as the string itself)."
-    for line in response.iter_lines():
-        if not line.startswith("data: "): continue
-        data = line[len("data: "):]
-        yield data if data == "[DONE]" else json.loads(data)
+    """The data payloads of a server-sent event stream, parsed (the [DONE] marker as the string itself).
+
+    Lines end at LF (or CRLF) only, as the SSE spec says: httpx's iter_lines also splits at U+2028, U+0085 and the
+    like, which a model's text may hold (raw, in JSON written with ensure_ascii=False)."""
+    buffer = b""
+    for chunk in response.iter_bytes():
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data: "): continue
+            data = line[len(b"data: "):].rstrip(b"\r").decode()
+            yield data if data == "[DONE]" else json.loads(data)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -451,7 +457,7 @@ def probe_median_s(url: str, headers: dict, tally: Tally, k: int = 10, warm: int
 # ---------------------------------------------------------------------------------------------------------------
 # The soak
 
-RSS_DRIFT_MIB = 48        # resident memory may end this far above its post-warm-up value (allocator arenas, caches)
+RSS_DRIFT_MIB = 32        # resident memory may end this far above its post-warm-up value (allocator arenas, caches)
 FD_DRIFT = 4              # open file descriptors may end this many above theirs
 LATENCY_DRIFT = 0.20      # the probe's median at the end within 20% of the start
 PROBE_ROUNDS = 3          # end medians measured up to this many times: a busy neighbour passes, a real slow-down stays
