@@ -1,5 +1,5 @@
 # The test command of the README: every notebook (the chapters' inline tests), then pytest.
-.PHONY: test test-nbs test-py test-quick export clean docs check-site readme wheel figures
+.PHONY: test test-nbs test-py test-quick soak export clean docs check-site readme wheel figures
 
 test: test-nbs test-py
 
@@ -9,13 +9,18 @@ test: test-nbs test-py
 test-nbs:
 	HELIOS_KV_CACHE_BYTES=536870912 nbdev-test --n-workers 2 --timing
 
-# pytest exits 5 when it collects nothing; that is a failure of the suite here, so it stays non-zero
+# pytest exits 5 when it collects nothing; that is a failure of the suite here, so it stays non-zero.
+# The 30-minute soak is `make soak`'s (its 3-minute version stays in)
 test-py:
-	pytest -q tests
+	pytest -q -m "not soak" tests
 
 # the unit tests and everything not marked slow: a quick check while working
 test-quick:
-	pytest -q -m "not slow" tests
+	pytest -q -m "not slow and not soak" tests
+
+# 30 minutes of mixed traffic against a real server (tests/server/test_soak.py); its figures -> benchmarks/results/soak/
+soak:
+	HELIOS_SOAK_REPORT_DIR=benchmarks/results/soak pytest -q -s -m soak tests/server/test_soak.py
 
 # a wheel of the package, e.g. to upload next to a notebook on Colab (the install cell prefers it)
 wheel:
