@@ -29,6 +29,7 @@ from .metrics import ServerMetrics
 from .protocol import (MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS, ChatCompletionRequest, Finite, Name,
                                     sampling_params)
 from .streams import merged
+from .responses import sse_json
 from ..tokenizer import Tokenizer
 
 MESSAGES_PATH = "/v1/messages"
@@ -393,7 +394,7 @@ def _final_body(self: MessagesJob, outs: list[RequestOutput]) -> dict:
 # %% ../../nbs/13b_messages_api.ipynb #8d06d68d
 def sse_event(kind: str, payload: dict) -> str:
     "One named server-sent event, as Anthropic's stream sends them."
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n"
+    return f"event: {kind}\ndata: {sse_json({'type': kind, **payload})}\n\n"
 
 
 class ContentBlocks:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['SSE_DONE', 'usage', 'completion_logprobs', 'chat_logprobs', 'sse']
+__all__ = ['SSE_DONE', 'usage', 'completion_logprobs', 'chat_logprobs', 'sse_json', 'sse']
 
 # %% ../../nbs/13_server.ipynb #fdf8d245
 import json
@@ -37,9 +37,21 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs]
                         for t, lp in zip(token_ids, logprobs)]}
 
 
+_LINE_BREAKS_IN_JSON = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def sse_json(payload: dict) -> str:
+    """An event's data as one line of JSON. JSON may leave U+0085, U+2028 and U+2029 raw, and a client that splits
+    lines as Python's `str.splitlines` does would cut the event there; escaped, every line splitter keeps it whole."""
+    text = json.dumps(payload, ensure_ascii=False)
+    for raw, escaped in _LINE_BREAKS_IN_JSON.items():
+        if raw in text: text = text.replace(raw, escaped)
+    return text
+
+
 def sse(payload: dict) -> str:
     "One server-sent event."
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {sse_json(payload)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import re
 import time
 import traceback
@@ -35,6 +34,7 @@ from .metrics import ServerMetrics
 from .protocol import (DEFAULT_CHAT_MAX_TOKENS, MAX_MESSAGES, MAX_TOOLS, ChatCompletionRequest, Finite,
                                     Name, sampling_params)
 from .streams import merged
+from .responses import sse_json
 
 # %% auto #0
 __all__ = ['DEFAULT_RESPONSES_STORE_SIZE', 'DEFAULT_RESPONSES_TTL_S', 'MAX_METADATA_KEYS', 'MAX_METADATA_KEY_CHARS',
@@ -562,7 +562,7 @@ class ResponseJob(Job):
 def _sse_event(self: ResponseJob, event: dict) -> str:
     "One typed event, numbered in the order it is sent."
     self.sequence_number, number = self.sequence_number + 1, self.sequence_number
-    return f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': number}, ensure_ascii=False)}\n\n"
+    return f"event: {event['type']}\ndata: {sse_json({**event, 'sequence_number': number})}\n\n"
 
 
 @patch
