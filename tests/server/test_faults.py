@@ -146,9 +146,10 @@ def fell_back(run: subprocess.CompletedProcess, reason: str):
 
 
 def refused(run: subprocess.CompletedProcess, reason: str):
-    "With --attention c it does not start, and stderr says why (exit 1: no signal, no hang)."
+    "With --attention c it does not start, and stderr says why in one line (exit 1: no signal, no hang, no traceback)."
     assert run.returncode == 1 and not run.stdout.strip(), (run.returncode, run.stderr[-2000:])
-    assert "Unavailable: no executor implementation runs here" in run.stderr and reason in run.stderr, run.stderr[-2000:]
+    assert "helios: error: no executor implementation runs here" in run.stderr and reason in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
 
 
 def test_a_cache_folder_that_cannot_be_made_falls_back_or_refuses_with_the_reason(tiny_folder, library, tmp_path):
