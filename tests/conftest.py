@@ -151,3 +151,18 @@ def threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def opens_think_folder(tiny_tools_folder, tmp_path_factory):
+    "The tools checkpoint with a template whose generation prompt opens a think block (as thinking-only models do)."
+    import json
+    import shutil
+    folder = tmp_path_factory.mktemp("opens-think")
+    shutil.copytree(tiny_tools_folder, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace("{{- '<|im_start|>assistant\\n' -}}",
+                                                              "{{- '<|im_start|>assistant\\n<think>\\n' -}}")
+    assert "assistant\\n<think>" in config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

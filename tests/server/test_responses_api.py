@@ -250,17 +250,9 @@ def test_bad_requests_do_not_touch_a_neighbour(server):
 
 
 @pytest.fixture(scope="module")
-def thinking_server(tiny_tools_folder, tmp_path_factory):
+def thinking_server(opens_think_folder):
     "The tools checkpoint with a template whose generation prompt opens a think block; a store of two responses."
-    import shutil
-    folder = tmp_path_factory.mktemp("opens-think")
-    shutil.copytree(tiny_tools_folder, folder, dirs_exist_ok=True)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = config["chat_template"].replace("{{- '<|im_start|>assistant\\n' -}}",
-                                                              "{{- '<|im_start|>assistant\\n<think>\\n' -}}")
-    assert "assistant\\n<think>" in config["chat_template"]
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    s = Server("--model", str(folder), "--served-model-name", "tiny", "--kv-cache-bytes", str(4 << 20),
+    s = Server("--model", str(opens_think_folder), "--served-model-name", "tiny", "--kv-cache-bytes", str(4 << 20),
                "--responses-store-size", "2", "--responses-ttl-s", "600")
     yield s
     assert s.stop() == 0
