@@ -8,11 +8,9 @@ Docs: https://helios-engine.github.io/helios/config.html.md"""
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 from dataclasses import Field, dataclass, field, fields
-from pathlib import Path
 from typing import NamedTuple
 
 from fastcore.basics import patch
@@ -20,17 +18,13 @@ from fastcore.basics import patch
 from .registry import AUTO, implementation_names
 
 # %% auto #0
-__all__ = ['SUPPORTED_ARCHITECTURES', 'ROUTER_SCORINGS', 'TOPK_METHODS', 'HF_DEFAULTS', 'PAGE_SIZE', 'PREFILL_AGING_S',
-           'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION', 'DEFAULT_GPU_KV_OFFLOAD_BYTES',
-           'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS', 'KV_CACHE_DTYPES', 'ENV_PREFIX', 'RopeScaling',
-           'yarn_mscale', 'YarnScaling', 'MoEConfig', 'MLAConfig', 'KVLayout', 'ModelConfig', 'config_from_hf',
-           'load_hf_config', 'tiny_qwen3', 'tiny_llama', 'tiny_qwen3_moe', 'tiny_deepseek_v3', 'Setting', 'setting',
-           'settings', 'EngineConfig', 'check_setting_names', 'settings_table']
+__all__ = ['PAGE_SIZE', 'PREFILL_AGING_S', 'DEFAULT_CPU_KV_CACHE_BYTES', 'DEFAULT_GPU_MEMORY_FRACTION',
+           'DEFAULT_GPU_KV_OFFLOAD_BYTES', 'KV_RESERVATIONS', 'PREFILL_ORDERS', 'SPECULATIVE_METHODS',
+           'KV_CACHE_DTYPES', 'ENV_PREFIX', 'RopeScaling', 'yarn_mscale', 'YarnScaling', 'KVLayout', 'ModelConfig',
+           'hf_config_fields', 'tiny_qwen3', 'tiny_llama', 'Setting', 'setting', 'settings', 'EngineConfig',
+           'check_setting_names', 'settings_table']
 
 # %% ../nbs/00_config.ipynb #6023931e
-SUPPORTED_ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "deepseek_v2", "deepseek_v3")
-
-
 @dataclass(frozen=True)
 class RopeScaling:
     "Llama 3's frequency-dependent RoPE stretch (`rope_type: llama3`)."
@@ -47,7 +41,7 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class YarnScaling:
-    "YaRN's RoPE stretch (`rope_type: yarn`, as in DeepSeek-V2/V3): frequencies blended by a ramp, cos/sin scaled."
+    "YaRN's RoPE stretch (`rope_type: yarn`, Qwen3's long-context setting): frequencies blended by a ramp, cos/sin scaled."
     factor: float
     original_max_position_embeddings: int
     beta_fast: float = 32.0
@@ -67,65 +61,16 @@ class YarnScaling:
 
     @property
     def softmax_factor(self) -> float:
-        "DeepSeek's attention also multiplies its softmax scale by the mscale_all_dim correction, squared."
+        "What a model that asks for it (`mscale_all_dim`) multiplies its softmax scale by: that correction, squared."
         return yarn_mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
 
-# %% ../nbs/00_config.ipynb #e93d1000
-ROUTER_SCORINGS = ("softmax", "sigmoid")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    "A mixture-of-experts MLP: a router sends each token to `top_k` of `num_experts` small SwiGLU experts."
-    num_experts: int
-    top_k: int
-    expert_intermediate_size: int
-    sparse_layers: tuple[int, ...]       # the layers with this MLP; the others keep the dense one
-    scoring: str = "softmax"             # router scores: softmax (Qwen3-MoE, DeepSeek-V2) or sigmoid (DeepSeek-V3)
-    topk_method: str = "greedy"          # greedy; group_limited_greedy (V2: groups ranked by their best score);
-                                         # noaux_tc (V3: by their two best scores plus a learned bias)
-    norm_topk_prob: bool = False         # rescale the chosen experts' scores to sum to 1
-    num_groups: int = 1                  # group-limited methods: experts in this many groups,
-    topk_groups: int = 1                 # of which a token may use this many
-    routed_scaling_factor: float = 1.0   # multiplies the chosen experts' weights
-    num_shared_experts: int = 0          # DeepSeek: one MLP of this many experts' width that every token goes through
-
-    def __post_init__(self):
-        if not 1 <= self.top_k <= self.num_experts:
-            raise ValueError(f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
-        if self.scoring not in ROUTER_SCORINGS:
-            raise ValueError(f"router scoring must be one of {', '.join(ROUTER_SCORINGS)}, got {self.scoring!r}")
-        if self.topk_method not in TOPK_METHODS:
-            raise ValueError(f"topk_method must be one of {', '.join(TOPK_METHODS)}, got {self.topk_method!r}")
-        if self.topk_method != "greedy" and (self.num_experts % self.num_groups or not 1 <= self.topk_groups <= self.num_groups):
-            raise ValueError(f"{self.num_experts} experts in n_group={self.num_groups} groups with topk_group="
-                             f"{self.topk_groups}: the groups must divide the experts, and 1 <= topk_group <= n_group")
-        if self.topk_method != "greedy" and self.top_k > self.topk_groups * self.num_experts // self.num_groups:
-            raise ValueError(f"top_k={self.top_k} experts cannot come from {self.topk_groups} groups of "
-                             f"{self.num_experts // self.num_groups}")
-
 # %% ../nbs/00_config.ipynb #0de9473d
-@dataclass(frozen=True)
-class MLAConfig:
-    "Multi-head latent attention (DeepSeek-V2/V3): every head's keys and values rebuilt from one cached latent per token."
-    kv_lora_rank: int               # width of the latent c_kv that the cache keeps
-    q_lora_rank: int | None         # queries through a low-rank bottleneck this wide (None: one projection)
-    qk_nope_head_dim: int           # per head: query and key channels without position
-    qk_rope_head_dim: int           # per head: channels rotated by RoPE; the key's are one head shared by all, cached
-    v_head_dim: int
-    rope_interleave: bool = True    # the checkpoint's rope channels come as (even, odd) pairs (V2; V3 by default)
-
-    @property
-    def qk_head_dim(self) -> int: return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-
 class KVLayout(NamedTuple):
     "What the KV pool keeps per token and layer: the model decides, the pool and every backend follow."
-    num_heads: int       # heads stored (MLA: 1, one latent that every query head reads)
+    num_heads: int       # heads stored (1 when every query head reads one shared row)
     k_dim: int           # channels of each stored key
     v_dim: int           # channels of each value
-    v_in_k: bool = False # the values are the keys' first v_dim channels, stored once (MLA's latent)
+    v_in_k: bool = False # the values are the keys' first v_dim channels, stored once
 
     @property
     def values_per_token(self) -> int:
@@ -135,15 +80,15 @@ class KVLayout(NamedTuple):
 # %% ../nbs/00_config.ipynb #11dc5873
 @dataclass(frozen=True)
 class ModelConfig:
-    "The shape of a decoder (Qwen3, Llama, Qwen3-MoE, DeepSeek-V2/V3); read once, never mutated."
-    architecture: str             # one of SUPPORTED_ARCHITECTURES
+    "The shape of a decoder, the fields every family shares; read once, never mutated (a family may subclass it)."
+    architecture: str             # the family: Hugging Face's model_type
     vocab_size: int
     hidden_size: int
-    intermediate_size: int        # the dense MLP's (every layer, or the layers without experts)
+    intermediate_size: int        # the dense MLP's
     num_layers: int
     num_heads: int                # query heads
     num_kv_heads: int             # key/value heads (GQA when fewer than num_heads)
-    head_dim: int                 # per head; with MLA the rotated part (qk_rope_head_dim), which RoPE is built for
+    head_dim: int                 # per head: the width RoPE rotates
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | YarnScaling | None = None
@@ -153,21 +98,12 @@ class ModelConfig:
     attention_bias: bool = False  # bias on the q/k/v projections
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    moe: MoEConfig | None = None  # experts in the MLP of moe.sparse_layers
-    mla: MLAConfig | None = None  # latent attention instead of GQA
 
     def __post_init__(self):
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {self.architecture!r} is not supported; "
-                             f"Helios runs {', '.join(SUPPORTED_ARCHITECTURES)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        if self.mla is not None and self.head_dim != self.mla.qk_rope_head_dim:
-            raise ValueError(f"with MLA, head_dim={self.head_dim} must be qk_rope_head_dim={self.mla.qk_rope_head_dim}")
-        if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
-            raise ValueError(f"MoE layers {self.moe.sparse_layers} are not all among the {self.num_layers} layers")
 
     @property
     def q_size(self) -> int: return self.num_heads * self.head_dim
@@ -181,9 +117,8 @@ class ModelConfig:
 # %% ../nbs/00_config.ipynb #28208c75
 @patch(as_prop=True)
 def kv_layout(self: ModelConfig) -> KVLayout:
-    "GQA keeps K and V for each KV head; MLA keeps one latent plus the shared rope key, and reads V inside it."
-    if self.mla is None: return KVLayout(self.num_kv_heads, self.head_dim, self.head_dim)
-    return KVLayout(1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, self.mla.kv_lora_rank, v_in_k=True)
+    "Grouped-query attention keeps K and V for each KV head."
+    return KVLayout(self.num_kv_heads, self.head_dim, self.head_dim)
 
 
 @patch
@@ -194,21 +129,26 @@ def kv_bytes_per_token(self: ModelConfig, dtype_bytes: int) -> int:
 
 @patch
 def is_sparse(self: ModelConfig, layer_idx: int) -> bool:
-    "Does this layer's MLP have experts?"
-    return self.moe is not None and layer_idx in self.moe.sparse_layers
+    "Does this layer's MLP send tokens to experts? Never in a dense model."
+    return False
+
+
+@patch(as_prop=True)
+def attention_summary(self: ModelConfig) -> str:
+    "The attention, as `describe` names it."
+    return f"GQA {self.num_heads}/{self.num_kv_heads} heads x {self.head_dim}"
+
+
+@patch(as_prop=True)
+def mlp_summary(self: ModelConfig) -> str:
+    "What `describe` says about the MLP: nothing for a dense one."
+    return ""
 
 
 @patch
 def describe(self: ModelConfig, dtype_bytes: int) -> str:
     "The architecture in one phrase: attention, experts, and the KV bytes per token of the cache layout."
-    attention = (f"MLA (latent {self.mla.kv_lora_rank} + rope key {self.mla.qk_rope_head_dim}, {self.num_heads} heads)"
-                 if self.mla else f"GQA {self.num_heads}/{self.num_kv_heads} heads x {self.head_dim}")
-    experts = ""
-    if self.moe:
-        shared = f" + {self.moe.num_shared_experts} shared" if self.moe.num_shared_experts else ""
-        experts = (f", experts {self.moe.top_k} active of {self.moe.num_experts}{shared} "
-                   f"in {len(self.moe.sparse_layers)} of {self.num_layers} layers")
-    return (f"{self.architecture}: {self.num_layers} layers, {attention}{experts}; "
+    return (f"{self.architecture}: {self.num_layers} layers, {self.attention_summary}{self.mlp_summary}; "
             f"KV {self.kv_bytes_per_token(dtype_bytes):,} B/token")
 
 # %% ../nbs/00_config.ipynb #32fd0354
@@ -238,77 +178,25 @@ def _rope_from_hf(d: dict) -> tuple[float, RopeScaling | YarnScaling | None]:
             params.get("attention_factor"), bool(params.get("truncate", True)))
     raise ValueError(f"rope_type {kind!r} is not supported; Helios supports 'default', 'llama3' and 'yarn'")
 
-# %% ../nbs/00_config.ipynb #2f545531
-def _moe_from_hf(d: dict, arch: str, num_layers: int) -> MoEConfig | None:
-    "The experts of a Qwen3-MoE or DeepSeek config (None for dense families)."
-    if arch == "qwen3_moe":
-        num_experts, skip = d.get("num_experts") or d.get("num_local_experts") or 0, set(d.get("mlp_only_layers") or ())
-        step = d.get("decoder_sparse_step") or 1
-        layers = tuple(i for i in range(num_layers) if i not in skip and num_experts and (i + 1) % step == 0)
-        return MoEConfig(num_experts, d["num_experts_per_tok"], d["moe_intermediate_size"], layers,
-                         norm_topk_prob=bool(d.get("norm_topk_prob", False))) if layers else None
-    if arch not in ("deepseek_v2", "deepseek_v3"): return None
-    v3 = arch == "deepseek_v3"
-    if not v3 and d.get("topk_method") not in (None, "greedy", "group_limited_greedy"):
-        raise ValueError(f"DeepSeek-V2 routes by topk_method greedy or group_limited_greedy, got {d['topk_method']!r}")
-    layers = tuple(range(d.get("first_k_dense_replace") or 0, num_layers))
-    if not layers: return None
-    return MoEConfig(d.get("n_routed_experts") or d["num_local_experts"], d["num_experts_per_tok"],
-                     d["moe_intermediate_size"], layers, scoring="sigmoid" if v3 else "softmax",
-                     topk_method="noaux_tc" if v3 else d.get("topk_method") or "greedy",
-                     # as transformers runs them: V3 renormalises when asked, V2 never does
-                     norm_topk_prob=v3 and bool(d.get("norm_topk_prob", False)),
-                     num_groups=d.get("n_group") or 1, topk_groups=d.get("topk_group") or 1,
-                     routed_scaling_factor=float(d.get("routed_scaling_factor") or 1.0),
-                     num_shared_experts=d.get("n_shared_experts") or 0)
-
-
-def _mla_from_hf(d: dict, arch: str) -> MLAConfig | None:
-    if arch not in ("deepseek_v2", "deepseek_v3"): return None
-    return MLAConfig(d["kv_lora_rank"], d.get("q_lora_rank"), d["qk_nope_head_dim"], d["qk_rope_head_dim"],
-                     d["v_head_dim"], rope_interleave=arch == "deepseek_v2" or bool(d.get("rope_interleave", True)))
-
 # %% ../nbs/00_config.ipynb #763d3b4a
-# what transformers assumes for a key a DeepSeek config.json leaves out (a key given as null stays null)
-HF_DEFAULTS = {
-    "deepseek_v2": dict(first_k_dense_replace=0, n_routed_experts=64, n_shared_experts=2, moe_intermediate_size=1407,
-                        routed_scaling_factor=1.0, topk_method="greedy", kv_lora_rank=512, q_lora_rank=1536,
-                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-    "deepseek_v3": dict(first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=2048,
-                        num_experts_per_tok=8, routed_scaling_factor=2.5, n_group=8, topk_group=4, norm_topk_prob=True,
-                        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                        rope_interleave=True),
-}
-
-
-def config_from_hf(d: dict) -> ModelConfig:
-    "A `ModelConfig` from the dict of a Hugging Face `config.json`."
-    arch = d.get("model_type")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"model_type {arch!r} is not supported; Helios runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+def hf_config_fields(d: dict) -> dict:
+    "The shared fields of a `ModelConfig`, as keyword arguments, from the dict of a Hugging Face `config.json`."
     if d.get("quantization_config"):
         method = d["quantization_config"].get("quant_method", "quantized")
         raise ValueError(f"this checkpoint's weights are {method} (quantization_config); Helios reads float "
                          f"safetensors (float32, float16, bfloat16) or GGUF: convert it, or load a GGUF file")
-    d = {**HF_DEFAULTS.get(arch, {}), **d}
     theta, scaling = _rope_from_hf(d)
-    num_heads, mla = d["num_attention_heads"], _mla_from_hf(d, arch)
-    return ModelConfig(
-        architecture=arch, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+    num_heads = d["num_attention_heads"]
+    return dict(
+        architecture=d.get("model_type"), vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
         intermediate_size=d["intermediate_size"], num_layers=d["num_hidden_layers"],
-        num_heads=num_heads, num_kv_heads=num_heads if mla else d.get("num_key_value_heads") or num_heads,
-        head_dim=mla.qk_rope_head_dim if mla else d.get("head_dim") or d["hidden_size"] // num_heads,
+        num_heads=num_heads, num_kv_heads=d.get("num_key_value_heads") or num_heads,
+        head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=d.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        qk_norm=arch in ("qwen3", "qwen3_moe"), attention_bias=bool(d.get("attention_bias", False)),
-        bos_token_id=d.get("bos_token_id"), eos_token_ids=_as_tuple(d.get("eos_token_id")),
-        moe=_moe_from_hf(d, arch, d["num_hidden_layers"]), mla=mla)
-
-
-def load_hf_config(folder: str | Path) -> ModelConfig:
-    "Read `config.json` from a checkpoint folder."
-    return config_from_hf(json.loads((Path(folder) / "config.json").read_text()))
+        attention_bias=bool(d.get("attention_bias", False)),
+        bos_token_id=d.get("bos_token_id"), eos_token_ids=_as_tuple(d.get("eos_token_id")))
 
 # %% ../nbs/00_config.ipynb #990ae5a8
 def tiny_qwen3(**overrides) -> ModelConfig:
@@ -324,25 +212,6 @@ def tiny_llama(**overrides) -> ModelConfig:
     fields = dict(architecture="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
                   rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64), max_position_embeddings=2048)
-    return ModelConfig(**{**fields, **overrides})
-
-
-def tiny_qwen3_moe(**overrides) -> ModelConfig:
-    "A 3-layer Qwen3-MoE: 8 experts, 2 per token, the middle layer dense (`mlp_only_layers`)."
-    fields = dict(architecture="qwen3_moe", vocab_size=256, hidden_size=64, intermediate_size=128,
-                  num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e6, qk_norm=True,
-                  max_position_embeddings=2048, moe=MoEConfig(8, 2, 32, (0, 2), norm_topk_prob=True))
-    return ModelConfig(**{**fields, **overrides})
-
-
-def tiny_deepseek_v3(**overrides) -> ModelConfig:
-    "A 3-layer DeepSeek-V3: MLA with a 32-wide latent and YaRN, then 8 experts in 4 groups with one shared expert."
-    fields = dict(architecture="deepseek_v3", vocab_size=256, hidden_size=64, intermediate_size=128,
-                  num_layers=3, num_heads=4, num_kv_heads=4, head_dim=8, rope_theta=10000.0,
-                  rope_scaling=YarnScaling(4.0, 512, mscale=1.0, mscale_all_dim=1.0), max_position_embeddings=2048,
-                  moe=MoEConfig(8, 2, 32, (1, 2), scoring="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
-                                num_groups=4, topk_groups=2, routed_scaling_factor=2.5, num_shared_experts=1),
-                  mla=MLAConfig(kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
     return ModelConfig(**{**fields, **overrides})
 
 # %% ../nbs/00_config.ipynb #59008a7e

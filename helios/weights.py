@@ -17,7 +17,8 @@ from typing import Callable, Iterator, NamedTuple
 import torch
 from torch import nn
 
-from .config import ModelConfig, config_from_hf
+from .config import ModelConfig, hf_config_fields
+from .families import Family, GGUFReading, load_family
 from .formats.errors import ModelFileError, require_positive
 from .model.layers import LMHead
 from .model.qwen3 import STACKED_PROJECTIONS, CausalLM, DecoderLayer, LayerFactory, model_from_state_dict
@@ -25,10 +26,12 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
-           'TORCH_MATMUL', 'FLOAT32_TENSORS', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype',
+           'TORCH_MATMUL', 'QWEN3', 'LLAMA', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype',
            'resolve_dtype', 'default_model_path', 'looks_like_path', 'find_checkpoint', 'LinearFactory',
-           'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'read_hf_config', 'expected_shapes',
-           'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build', 'load_model']
+           'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'qwen3_config_from_hf',
+           'llama_config_from_hf', 'config_from_hf', 'load_hf_config', 'read_hf_config', 'gqa_attention_shapes',
+           'expected_shapes', 'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build',
+           'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -157,30 +160,49 @@ def choose_matmul(name: str, device: torch.device, dtype: torch.dtype, exact: bo
                   (f"the others replace float32 CPU linears only ({dtype} on {device})",))
 
 # %% ../nbs/04_weights.ipynb #b76559dc
-from .model.mla import deepseek_layer, mla_state_dict
-from .model.moe import moe_layer, stack_experts
-
-FLOAT32_TENSORS = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")  # routers choose in float32, in any dtype
-
-
 def layer_factory(cfg: ModelConfig) -> LayerFactory:
-    "How this architecture builds each decoder layer."
-    if cfg.mla is not None: return deepseek_layer
-    if cfg.moe is not None: return moe_layer
-    return DecoderLayer
+    "How the config's family builds each decoder layer."
+    return load_family(cfg.architecture).layer
 
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> CausalLM:
-    """The model of any supported architecture, adopting checkpoint tensors given with Hugging Face names (the dict
-    is consumed). Layers past the config's (DeepSeek-V3's multi-token-prediction layer) are not part of it."""
+    """The model of a registered family, adopting checkpoint tensors given with Hugging Face names (the dict is
+    consumed). Layers past the config's (a multi-token-prediction layer, say) are not part of it."""
     extra = [name for name in state_dict if name.startswith("model.layers.") and int(name.split(".")[2]) >= cfg.num_layers]
     for name in extra: del state_dict[name]
-    if cfg.mla is not None: state_dict = mla_state_dict(cfg, state_dict)
-    if cfg.moe is not None: state_dict = stack_experts(cfg, state_dict)
-    return model_from_state_dict(cfg, state_dict, layer_factory(cfg))
+    family = load_family(cfg.architecture)
+    if family.adapt_state_dict is not None: state_dict = family.adapt_state_dict(cfg, state_dict)
+    return model_from_state_dict(cfg, state_dict, family.layer)
 
+
+def qwen3_config_from_hf(d: dict) -> ModelConfig:
+    "Qwen3: the shared fields, and an RMSNorm on each query and key head."
+    return ModelConfig(**hf_config_fields(d), qk_norm=True)
+
+
+def llama_config_from_hf(d: dict) -> ModelConfig:
+    "Llama: the shared fields alone."
+    return ModelConfig(**hf_config_fields(d))
+
+
+def _qwen3_from_gguf(fields: dict, get: Callable, names: frozenset[str]) -> ModelConfig:
+    return ModelConfig(**fields, qk_norm=True)
+
+
+QWEN3 = Family("qwen3", qwen3_config_from_hf, DecoderLayer, gguf=GGUFReading("qwen3", _qwen3_from_gguf))
+LLAMA = Family("llama", llama_config_from_hf, DecoderLayer, gguf=GGUFReading("llama", rope_permuted=True))
 
 # %% ../nbs/04_weights.ipynb #a5c1da81
+def config_from_hf(d: dict) -> ModelConfig:
+    "The config a Hugging Face `config.json` (its dict) describes, read by the family its `model_type` names."
+    return load_family(d.get("model_type")).config_from_hf(d)
+
+
+def load_hf_config(folder: str | Path) -> ModelConfig:
+    "Read `config.json` from a checkpoint folder, with no checks beyond the family's own (`read_hf_config` checks)."
+    return config_from_hf(json.loads((Path(folder) / "config.json").read_text()))
+
+
 MAX_LAYERS = 4096  # far above any released model (DeepSeek-V3: 61); bounds the loops over the layers a config claims
 HF_POSITIVE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "head_dim", "intermediate_size", "max_position_embeddings")  # counts and widths, when given
@@ -202,20 +224,25 @@ def read_hf_config(folder: Path) -> ModelConfig:
     except KeyError as e: raise ModelFileError(file, f"has no {e.args[0]!r}, which a {d.get('model_type')} config needs") from None
     except (TypeError, ValueError, ZeroDivisionError) as e: raise ModelFileError(file, str(e)) from None
 
+# %% ../nbs/04_weights.ipynb #ae62d6ed
+def gqa_attention_shapes(cfg: ModelConfig, layer: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+    "Grouped-query attention's tensors in one layer (`layer`: its name prefix): q, k, v, o, and QK-norm's weights."
+    h, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
+    yield from [(layer + "self_attn.q_proj.weight", (q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
+                (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q))]
+    if cfg.qk_norm:
+        yield from [(layer + "self_attn.q_norm.weight", (cfg.head_dim,)), (layer + "self_attn.k_norm.weight", (cfg.head_dim,))]
+
 
 def expected_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
-    "The name and shape of each tensor every checkpoint of this config holds, in the parts all architectures share."
-    h, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    "The name and shape of each tensor every checkpoint of this config holds: the shared parts and the attention."
+    h, inter, attention = cfg.hidden_size, cfg.intermediate_size, load_family(cfg.architecture).attention_shapes
     yield from [("model.embed_tokens.weight", (cfg.vocab_size, h)), ("model.norm.weight", (h,))]
     if not cfg.tie_word_embeddings: yield "lm_head.weight", (cfg.vocab_size, h)
     for i in range(cfg.num_layers):  # lazily: a layer count that no file backs stops at the first missing tensor
         layer = f"model.layers.{i}."
         yield from [(layer + "input_layernorm.weight", (h,)), (layer + "post_attention_layernorm.weight", (h,))]
-        if cfg.mla is None:
-            yield from [(layer + "self_attn.q_proj.weight", (q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
-                        (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q))]
-        if cfg.mla is None and cfg.qk_norm:
-            yield from [(layer + "self_attn.q_norm.weight", (cfg.head_dim,)), (layer + "self_attn.k_norm.weight", (cfg.head_dim,))]
+        yield from (attention or gqa_attention_shapes)(cfg, layer)
         if not cfg.is_sparse(i):
             yield from [(layer + "mlp.gate_proj.weight", (inter, h)), (layer + "mlp.up_proj.weight", (inter, h)),
                         (layer + "mlp.down_proj.weight", (h, inter))]
@@ -265,12 +292,13 @@ def read_config(path: Path) -> tuple[ModelConfig, GGUFFile | None]:
 
 def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
                  select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors with Hugging Face names, routers in float32; `select` keeps only part of them. Every
-    shape is checked against the config before any tensor is read."""
+    """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32; `select` keeps
+    only part of them. Every shape is checked against the config before any tensor is read."""
     if reader is not None: check_tensor_shapes(cfg, {n: (path, s) for n, s in gguf_tensor_shapes(reader).items()}, path)
     else: check_tensor_shapes(cfg, safetensors_shapes(path), path / "config.json")
-    if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, FLOAT32_TENSORS, select)
-    return load_safetensors(path, dtype, device, FLOAT32_TENSORS, select)
+    float32 = load_family(cfg.architecture).float32_tensors
+    if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, float32, select)
+    return load_safetensors(path, dtype, device, float32, select)
 
 
 def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:
@@ -281,7 +309,7 @@ def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype:
         if "state_dict" not in str(e): raise
         raise ModelFileError(path, f"its tensors do not make a {cfg.architecture} model: {e}") from None
 
-
+# %% ../nbs/04_weights.ipynb #0399f505
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO,
                build: Callable[..., CausalLM] = read_and_build) -> LoadedModel:

@@ -2,7 +2,7 @@
 that has only what a Colab runtime brings (tests/integration/test_colab.py runs it in CI).
 
     python scripts/colab_emulate.py                      # every chapter that runs code
-    python scripts/colab_emulate.py 03a_moe 16_parallel  # some of them (names or nbs/ paths)
+    python scripts/colab_emulate.py 04a_moe 16_parallel  # some of them (names or nbs/ paths)
 
 1. `pip wheel --no-deps` builds Helios's wheel, from a copy of the checkout without its build leftovers.
 2. ONE fresh virtual environment gets what Colab has preinstalled that the chapters use (`COLAB_PREINSTALLED`:
@@ -59,7 +59,7 @@ def strip_skipped(paths: list[Path], out: Path) -> list[Path]:
 
 
 def chapters(names: list[str]) -> list[Path]:
-    "The notebooks named (`03a_moe`, `nbs/03a_moe.ipynb`), else every one that runs code."
+    "The notebooks named (`04a_moe`, `nbs/04a_moe.ipynb`), else every one that runs code."
     from colab_cell import notebooks
     every = notebooks()
     if not names: return every

@@ -3,7 +3,7 @@
     python scripts/glossary_links.py nbs           # add the missing links (a second run changes nothing)
     python scripts/glossary_links.py nbs --check   # exit 1 where a term's first use is not linked
 
-The chapters are read in the docs' order (00, 01, 02, 03, 03a, ...). A term's *first use* is its first
+The chapters are read in the docs' order (00, 01, 02, 03, 04, 04a, ...). A term's *first use* is its first
 match in a markdown cell's prose: code cells, headings, quoted lines (a chapter's `> summary` is its module's
 docstring), fenced blocks, inline code, links, HTML tags and URLs do not count. Where that first use is not already a link to the term's entry, it becomes
 `[word](glossary.ipynb#anchor)`: a relative link that GitHub follows from nbs/ and that

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mixture of experts on this machine's CPU (2 threads, float32): chapter 03a's measured section.
+"""Mixture of experts on this machine's CPU (2 threads, float32): chapter 04a's measured section.
 
 Two experiments, each on expert shapes of real models (random weights; a balanced router: every token picks
 k distinct experts uniformly at random, so each expert gets about the same share):
@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 import torch
 
-from helios.config import ModelConfig, MoEConfig
+from helios.config import ModelConfig
 from helios.model.layers import SwiGLUMLP
-from helios.model.moe import Routing, SparseMoE, expert_load, grouped_matmul, grouped_mm_runs
+from helios.model.moe import MoEConfig, MoEModelConfig, Routing, SparseMoE, expert_load, grouped_matmul, grouped_mm_runs
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe"
 TARGET = 1.5  # grouped expert matmul / dense matmul of the same FLOPs
@@ -177,9 +177,9 @@ def grouped_point(name: str, tokens: int, timing: Timing, read_gbps: float) -> d
 
 def layer_config(name: str) -> ModelConfig:
     hidden, inter, num_experts, k = SHAPES.get(name) or SMOKE_SHAPES[name]
-    return ModelConfig(architecture="qwen3_moe", vocab_size=256, hidden_size=hidden, intermediate_size=k * inter,
-                       num_layers=1, num_heads=8, num_kv_heads=8, head_dim=hidden // 8,
-                       moe=MoEConfig(num_experts, k, inter, (0,), norm_topk_prob=True))
+    return MoEModelConfig(architecture="qwen3_moe", vocab_size=256, hidden_size=hidden, intermediate_size=k * inter,
+                          num_layers=1, num_heads=8, num_kv_heads=8, head_dim=hidden // 8,
+                          moe=MoEConfig(num_experts, k, inter, (0,), norm_topk_prob=True))
 
 
 @torch.inference_mode()

@@ -29,7 +29,7 @@ def tokens_flops(cfg, start: int, count: int, sampled: int) -> int:
     `sampled` get logits: 2 per weight of every layer's matmuls, 2 per LM-head weight per sampled token, and
     attention's two products (4 x heads x head_dim per token of context, per layer). The last layer needs only k
     and v of a token that is not sampled. Norms, RoPE, SiLU, softmax and the embedding lookup are left out."""
-    if cfg.moe is not None or cfg.mla is not None:
+    if any(cfg.is_sparse(i) for i in range(cfg.num_layers)) or cfg.kv_layout.num_heads != cfg.num_kv_heads:
         raise ValueError(f"tokens_flops counts dense decoders with grouped-query attention; {cfg.architecture} has "
                          "experts or latent attention, whose least arithmetic is not counted here")
     if not 0 <= sampled <= count or start < 0:

@@ -19,8 +19,8 @@ from torch import nn
 from ..config import ModelConfig
 from ..model.attention import rope_inv_freq
 from ..model.layers import SwiGLUMLP
-from ..model.mla import mla_state_dict
-from ..model.moe import Experts, Routing, grouped_matmul, stack_experts
+from ..model.mla import MLAModelConfig, mla_state_dict
+from ..model.moe import Experts, MoEModelConfig, Routing, grouped_matmul, stack_experts
 from ..model.qwen3 import CausalLM, stack_projections
 from ..weights import layer_factory
 from .groups import Communicator, ParallelLayout
@@ -60,7 +60,7 @@ def plan_shard(cfg: ModelConfig, layout: ParallelLayout) -> Shard:
     if kv >= tp and kv % tp or kv < tp and tp % kv:
         raise ValueError(f"tensor_parallel_size={tp} and the {kv} KV heads: one must divide the other")
     kv_heads = split_range(kv, tp, r) if kv >= tp else range(r * kv // tp, r * kv // tp + 1)  # replicated
-    moe = cfg.moe
+    moe = cfg.moe if isinstance(cfg, MoEModelConfig) else None
     if moe is not None and moe.num_experts < tp:
         raise ValueError(f"tensor_parallel_size={tp} is more than the {moe.num_experts} experts")
     rows = -(-cfg.vocab_size // tp)
@@ -75,11 +75,14 @@ def plan_shard(cfg: ModelConfig, layout: ParallelLayout) -> Shard:
 def shard_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
     """The config of the model one rank runs: its layers (numbered from 0), its heads and MLP columns. The vocabulary
     and the expert count stay whole (prompts are checked against the vocabulary; the router scores every expert)."""
-    moe = cfg.moe and dataclasses.replace(cfg.moe, sparse_layers=tuple(
-        i - shard.layers.start for i in cfg.moe.sparse_layers if i in shard.layers))
-    kv_heads = len(shard.heads) if cfg.mla else len(shard.kv_heads)  # MLA: one latent per token, every head reads it
+    experts = {}  # a model with experts keeps those of its layers, renumbered
+    if isinstance(cfg, MoEModelConfig) and cfg.moe is not None:
+        experts["moe"] = dataclasses.replace(cfg.moe, sparse_layers=tuple(
+            i - shard.layers.start for i in cfg.moe.sparse_layers if i in shard.layers))
+    # MLA: one latent per token, every head reads it
+    kv_heads = len(shard.heads) if isinstance(cfg, MLAModelConfig) else len(shard.kv_heads)
     return dataclasses.replace(cfg, num_layers=len(shard.layers), num_heads=len(shard.heads), num_kv_heads=kv_heads,
-                               intermediate_size=len(shard.mlp), moe=moe)
+                               intermediate_size=len(shard.mlp), **experts)
 
 # %% ../../nbs/16_parallel.ipynb #e237da19
 ALL = (slice(None),)
@@ -89,7 +92,7 @@ def tensor_selector(cfg: ModelConfig, shard: Shard):
     """The `TensorSelector` of chapter 04 for one rank: the rows or columns of each checkpoint tensor it holds, or
     None for tensors of other stages and other ranks' experts. A tensor no rule names is an error, never replicated
     by accident."""
-    m, hd = cfg.mla, cfg.head_dim
+    m, hd = cfg.mla if isinstance(cfg, MLAModelConfig) else None, cfg.head_dim
     q_rows = m.qk_head_dim if m else hd                         # rows of one query head in q_proj / q_b_proj
     o_cols = m.v_head_dim if m else hd                          # columns of one head in o_proj
     rows = lambda r, per=1: (slice(r.start * per, r.stop * per),)
@@ -217,8 +220,8 @@ def build_shard_model(cfg: ModelConfig, shard: Shard, tensors: dict[str, torch.T
     stage), and only its own experts. `sum_partial_outputs` then adds the all-reduces."""
     local = shard_config(cfg, shard)
     tensors = _renumbered(tensors, shard, cfg)
-    if local.mla is not None: tensors = mla_state_dict(local, tensors)
-    if local.moe is not None:  # only this rank's experts are stacked
+    if isinstance(local, MLAModelConfig): tensors = mla_state_dict(local, tensors)
+    if isinstance(local, MoEModelConfig) and local.moe is not None:  # only this rank's experts are stacked
         tensors = stack_experts(dataclasses.replace(local, moe=dataclasses.replace(local.moe, num_experts=len(shard.experts))),
                                 tensors)
     tensors = stack_projections(tensors)
@@ -226,7 +229,7 @@ def build_shard_model(cfg: ModelConfig, shard: Shard, tensors: dict[str, torch.T
     with torch.device("meta"):
         model = CausalLM(local, layer_factory(local))
         for layer in model.model.layers:
-            if hasattr(layer.mlp, "experts") and tp.size > 1:  # one rank per stage keeps chapter 03a's own experts
+            if hasattr(layer.mlp, "experts") and tp.size > 1:  # one rank per stage keeps chapter 04a's own experts
                 layer.mlp.experts = LocalExperts(shard.experts, hidden, cfg.moe.expert_intermediate_size)
                 if layer.mlp.shared_experts is not None: layer.mlp.shared_experts = SwiGLUMLP(hidden, len(shard.shared_mlp))
         model.model.embed_tokens = (VocabParallelEmbedding(shard.vocab_rows, hidden, shard.vocab.start, tp)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_ARCHITECTURES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
 
 # %% ../../nbs/04_weights.ipynb #2d518522
 import functools
@@ -21,7 +21,8 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from ..config import ModelConfig, MoEConfig, YarnScaling
+from ..config import ModelConfig, YarnScaling
+from ..families import gguf_family, load_family
 from .errors import ModelFileError, describe_value, require_positive
 
 GGUF_MAGIC = b"GGUF"
@@ -220,7 +221,6 @@ GGUF_LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj"
                     # experts (qwen3moe): the router, and each expert kind as one 3-D tensor [experts, rows, cols]
                     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_exps",
                     "ffn_up_exps": "mlp.experts.up_exps", "ffn_down_exps": "mlp.experts.down_proj"}
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}  # llama.cpp's name -> ours
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -229,7 +229,7 @@ def hf_tensor_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     blk, layer, part, kind = parts if len(parts) == 4 else ("",) * 4
     if blk != "blk" or not (layer.isascii() and layer.isdigit()) or part not in GGUF_LAYER_NAMES:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {'/'.join(GGUF_ARCHITECTURES)} model")
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Helios model")
     name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}"
     return name if part.endswith("_exps") else f"{name}.{kind}"  # the stacked experts are parameters, not Linears
 
@@ -240,14 +240,6 @@ def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 # %% ../../nbs/04_weights.ipynb #ea8f3848
-def _moe_from_gguf(get, num_layers: int, names: set[str]) -> MoEConfig | None:
-    "The experts of a qwen3moe file: every layer with an `ffn_gate_inp` router has them."
-    if not get("expert_count"): return None
-    layers = tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in names)
-    return MoEConfig(get("expert_count"), get("expert_used_count"), get("expert_feed_forward_length"), layers,
-                     norm_topk_prob=bool(get("expert_weights_norm", True)))
-
-
 def _rope_scaling_from_gguf(get) -> YarnScaling | None:
     "YaRN from `rope.scaling.*` metadata (Qwen3's long-context setting); any other stretch is refused, never ignored."
     kind = get("rope.scaling.type")
@@ -266,12 +258,12 @@ GGUF_KINDS = {"attention.layer_norm_rms_epsilon": float, "rope.freq_base": float
 
 # %% ../../nbs/04_weights.ipynb #a3b1fb07
 def config_from_gguf(reader: GGUFFile) -> ModelConfig:
-    "A `ModelConfig` from GGUF metadata (architectures llama, qwen3 and qwen3moe); metadata that lies raises `ModelFileError`."
+    "A config from GGUF metadata, read by the family its architecture names; metadata that lies raises `ModelFileError`."
     arch = gguf_field(reader, "general.architecture", None, str)
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelFileError(reader.path, f"GGUF architecture {arch!r} is not supported; Helios reads {', '.join(GGUF_ARCHITECTURES)}")
+    try: reading = gguf_family(arch)
+    except ValueError as e: raise ModelFileError(reader.path, str(e)) from None
     get = lambda key, default=None: gguf_field(reader, f"{arch}.{key}", default, GGUF_KINDS.get(key, int))
-    names = {t.name for t in reader.tensors}
+    names = frozenset(t.name for t in reader.tensors)
     if "rope_freqs.weight" in names:
         raise ModelFileError(reader.path, "this GGUF uses llama3 RoPE scaling stored as rope_freqs, which Helios does "
                                           "not read yet; load the model's Hugging Face folder instead")
@@ -292,17 +284,17 @@ def config_from_gguf(reader: GGUFFile) -> ModelConfig:
                                           f"{arch}.embedding_length={hidden}, and no attention.key_length is given")
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id", None, int)
     try:
-        return ModelConfig(
-            architecture=GGUF_ARCHITECTURES[arch], vocab_size=vocab_size,
+        fields = dict(
+            architecture=reading.name, vocab_size=vocab_size,
             hidden_size=hidden, intermediate_size=get("feed_forward_length") or 0, num_layers=num_layers,
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim or hidden // num_heads,
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling_from_gguf(get),
             max_position_embeddings=context,
-            tie_word_embeddings="output.weight" not in names, qk_norm=arch in ("qwen3", "qwen3moe"),
-            attention_bias="blk.0.attn_q.bias" in names,
+            tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
             bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", None, int),
-            eos_token_ids=() if eos is None else (eos,), moe=_moe_from_gguf(get, num_layers, names))
+            eos_token_ids=() if eos is None else (eos,))
+        return reading.gguf.config(fields, get, names) if reading.gguf.config else ModelConfig(**fields)
     except (ValueError, TypeError) as e:  # the config's own checks (heads, experts) and values of no use
         if isinstance(e, ModelFileError): raise
         raise ModelFileError(reader.path, str(e)) from None
@@ -336,13 +328,13 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
     cast to dtype (names ending in keep_float32: float32). `select(name, shape)` (a `TensorSelector`) keeps part of
     a tensor, or none of it; each tensor is dequantized whole, one at a time."""
     gguf_tensor_shapes(reader)  # every name and type checked before anything is dequantized
-    tensors = {}
+    tensors, permuted = {}, load_family(cfg.architecture).gguf.rope_permuted
     for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
         name = hf_tensor_name(t.name)
         index = None if select is None else select(name, tuple(t.shape))
         if select is not None and index is None: continue
         w = dequantize_tensor(t)
-        if cfg.architecture == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+        if permuted and t.name.split(".")[-2] in ("attn_q", "attn_k"):
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
         if index is not None: w = w[index]
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors

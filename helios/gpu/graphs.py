@@ -15,6 +15,7 @@ import torch
 from fastcore.basics import patch
 
 from ..config import ModelConfig
+from ..model.mla import MLAModelConfig
 from ..attention.base import AttentionBackend, PagedKV, Timer
 from ..engine import ModelRunner
 from ..kv.batch import decode_graph_batch
@@ -200,7 +201,7 @@ GRAPH_MAX_CONTEXT = 8192  # decode ticks whose rows reach past this many tokens 
 def graph_runner_unavailable(cfg: ModelConfig, device: torch.device, backend: AttentionBackend) -> str | None:
     "Why decode ticks of this model cannot be captured on this device, or None when they can."
     if device.type != "cuda": return f"CUDA graphs run on CUDA devices, not {device}"
-    if cfg.mla is not None:
+    if isinstance(cfg, MLAModelConfig):
         return "latent attention picks its form per sequence from lengths on the host, which a graph cannot replay"
     if not backend.graph_safe: return f"the attention backend ({backend.name}) reads sequence lengths on the host"
     return None

@@ -125,7 +125,7 @@ def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
 
 
 STACKED_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                       "gate_up_proj": ("gate_proj", "up_proj")}  # every SwiGLU: the MLP, and each expert (03a)
+                       "gate_up_proj": ("gate_proj", "up_proj")}  # every SwiGLU: the MLP, and each expert (04a)
 
 
 def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

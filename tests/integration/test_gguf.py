@@ -165,7 +165,7 @@ def test_qwen3moe_gguf_round_trip(tiny_moe_gguf):
     """The file's config is the checkpoint's, its experts are 3-D tensors, and our model gives transformers' logits
     when transformers' Qwen3-MoE runs the very weights the file holds (dequantized)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    from helios.config import load_hf_config
+    from helios.weights import load_hf_config
     from helios.formats.gguf import config_from_gguf, load_gguf_tensors
     hf, path = tiny_moe_gguf
     reader = GGUFFile(path)

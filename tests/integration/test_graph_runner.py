@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helios.attention.reference import BatchedAttention
-from helios.config import EngineConfig, tiny_deepseek_v3, tiny_llama, tiny_qwen3
+from helios.config import EngineConfig, tiny_llama, tiny_qwen3
+from helios.model.mla import MLAModelConfig, tiny_deepseek_v3
 from helios.engine import Engine, ModelRunner
 from helios.gpu.graphs import EagerGraph, GraphRunner, batch_buckets, bucket_for, page_buckets
 from helios.kv.pool import KVPool
@@ -30,7 +31,7 @@ def peaked(cfg):
     "A random model whose weights are scaled up, so that greedy picks are clear-cut."
     torch.manual_seed(0)
     model = CausalLM(cfg, layer_factory(cfg)).eval()
-    for p in model.parameters(): p.data.mul_(20 if cfg.mla is None else 4)
+    for p in model.parameters(): p.data.mul_(20 if not isinstance(cfg, MLAModelConfig) else 4)
     return model
 
 

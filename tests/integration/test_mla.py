@@ -8,7 +8,7 @@ import torch
 from conftest import PEAKED_INIT_RANGE, transformers_greedy
 from helios.attention.base import PagedKV
 from helios.attention.reference import BatchedAttention, ReferenceAttention
-from helios.config import load_hf_config
+from helios.weights import load_hf_config
 from helios.formats.hf import load_safetensors
 from helios.kv.batch import build_paged_batch
 from helios.kv.pool import KVPool
@@ -271,7 +271,7 @@ def test_own_state_dict_passes_through(tiny):
 
 
 def test_cheaper_form_and_the_override():
-    from helios.config import tiny_deepseek_v3
+    from helios.model.mla import tiny_deepseek_v3
     cfg = tiny_deepseek_v3()
     assert cheaper_form(cfg, 1, 2048) == "absorbed"        # decode over a long context
     assert cheaper_form(cfg, 512, 512) == "expanded"       # a prompt attending over itself

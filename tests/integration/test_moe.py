@@ -6,12 +6,11 @@ import torch
 from conftest import PEAKED_INIT_RANGE, transformers_greedy
 from safetensors.torch import load_file, save_file
 
-from helios.config import MoEConfig, config_from_hf, load_hf_config
-from helios.model.moe import (Experts, Router, SparseMoE, expert_load, grouped_matmul, grouped_mm_runs, moe_layer,
+from helios.model.moe import (Experts, MoEConfig, Router, SparseMoE, expert_load, grouped_matmul, grouped_mm_runs, moe_layer,
                               stack_experts)
 from helios.model.qwen3 import model_from_state_dict, stack_projections
 from helios.reference import generate
-from helios.weights import load_model
+from helios.weights import config_from_hf, load_hf_config, load_model
 
 LOGIT_ATOL = 1e-4
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
@@ -60,7 +59,7 @@ def load_ours(folder):
 
 
 def test_loader_and_chapter_build_agree(checkpoints):
-    "The loader's model and the one chapter 03a builds by hand compute the same logits."
+    "The loader's model and the one chapter 04a builds by hand compute the same logits."
     folder, _ = checkpoints["e8_top2_mlp_only_untied"]
     cfg = load_hf_config(folder)
     by_hand = model_from_state_dict(cfg, stack_experts(cfg, load_file(folder / "model.safetensors")), moe_layer)
@@ -220,7 +219,8 @@ def test_experts_in_bfloat16_close_to_float32():
 
 @torch.no_grad()
 def test_sparse_moe_keeps_the_shape():
-    from helios.config import tiny_deepseek_v3, tiny_qwen3_moe
+    from helios.model.mla import tiny_deepseek_v3
+    from helios.model.moe import tiny_qwen3_moe
     torch.manual_seed(0)
     for cfg in (tiny_qwen3_moe(), tiny_deepseek_v3()):
         moe = SparseMoE(cfg)

@@ -3,8 +3,9 @@ YaRN's original context, refusals that name what is wrong; and what loading keep
 import pytest
 import torch
 
-from helios.config import YarnScaling, config_from_hf
+from helios.config import YarnScaling
 from helios.formats.gguf import _rope_scaling_from_gguf
+from helios.weights import config_from_hf
 
 V3 = dict(model_type="deepseek_v3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
           num_attention_heads=4, max_position_embeddings=4096)

@@ -68,7 +68,7 @@ def test_the_install_cell_does_nothing_off_colab(tmp_path, monkeypatch):
 
 
 def test_the_colab_extra_brings_transformers_5():
-    "Chapters 03a, 03b, 13 and 16 compare against transformers 5; Colab ships 4.x, so the extra upgrades it."
+    "Chapters 04a, 06a, 13 and 16 compare against transformers 5; Colab ships 4.x, so the extra upgrades it."
     import tomllib
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["colab"]
     assert any(r.startswith("transformers>=5") for r in extra)
@@ -100,7 +100,7 @@ def test_the_emulated_kernel_cannot_import_this_checkout(monkeypatch):
 
 
 def test_chapters_are_found_by_name():
-    assert [p.name for p in emulate.chapters(["03a_moe", "nbs/16_parallel.ipynb"])] == ["03a_moe.ipynb", "16_parallel.ipynb"]
+    assert [p.name for p in emulate.chapters(["04a_moe", "nbs/16_parallel.ipynb"])] == ["04a_moe.ipynb", "16_parallel.ipynb"]
     assert len(emulate.chapters([])) == len(colab.notebooks())
     with pytest.raises(SystemExit, match="no chapter named 99_nothing"): emulate.chapters(["99_nothing"])
 

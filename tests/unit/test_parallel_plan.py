@@ -5,16 +5,16 @@ import dataclasses
 import pytest
 import torch
 
-from helios.config import EngineConfig, ModelConfig, MoEConfig
+from helios.config import EngineConfig
 from helios.distributed.groups import ParallelLayout
 from helios.distributed.launch import _check_world, rank_env
 from helios.distributed.shard import LocalExperts, plan_shard, tensor_selector
 from helios.llm import local_launch
-from helios.model.moe import Experts, Router
+from helios.model.moe import Experts, MoEConfig, MoEModelConfig, Router
 from helios.registry import NotApplicable
 
-MOE = ModelConfig("qwen3_moe", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
-                  num_kv_heads=2, head_dim=8, moe=MoEConfig(7, 2, 16, (0, 2, 3)))
+MOE = MoEModelConfig("qwen3_moe", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
+                     num_kv_heads=2, head_dim=8, moe=MoEConfig(7, 2, 16, (0, 2, 3)))
 
 
 def test_experts_split_over_ranks_add_up_to_all_experts():
