@@ -95,7 +95,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 
 
 def _one_kv_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """Every query head reads the one KV head (MQA, and latent attention's absorbed form): the heads become more
+    """Every query head reads the one KV head (MQA, or a cache of one row per token): the heads become more
     queries of one head, so the keys are read once instead of copied per head. q: [B, T, H, D] -> [B, T, H, Dv]."""
     B, T, H, _ = q.shape
     queries = q.reshape(B, 1, T * H, q.shape[-1])                                 # row t * H + h
