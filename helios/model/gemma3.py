@@ -207,18 +207,19 @@ def merges_from_vocab(tokens: list[str]) -> list[tuple[str, str]]:
 def sentencepiece_backend(tokens: list[str], types: list[int], bos_id: int | None, unk_id: int) -> BackendTokenizer:
     """A `tokenizers` BPE that encodes as SentencePiece does: spaces as ▁ (no prefix space), merges in vocabulary
     order, a character outside the vocabulary as its UTF-8 bytes (<0x..> tokens), control tokens whole."""
-    tokens = sentencepiece_tokens(tokens)
-    backend = BackendTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges_from_vocab(tokens),
-                                          unk_token=tokens[unk_id], fuse_unk=True, byte_fallback=True))
+    spelled = sentencepiece_tokens(tokens)
+    backend = BackendTokenizer(models.BPE({t: i for i, t in enumerate(spelled)}, merges_from_vocab(spelled),
+                                          unk_token=spelled[unk_id], fuse_unk=True, byte_fallback=True))
     backend.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
     backend.decoder = decoders.Sequence([decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, k in zip(tokens, types) if k == CONTROL_TOKEN])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in zip(tokens, types) if k == USER_DEFINED_TOKEN])
+                                for t, k in zip(spelled, types) if k == CONTROL_TOKEN])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False)  # whitespace runs: left to the merges
+                        for t, original, k in zip(spelled, tokens, types) if k == USER_DEFINED_TOKEN and t == original])
     if bos_id is not None:
+        bos = spelled[bos_id]
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{tokens[bos_id]} $A", pair=f"{tokens[bos_id]} $A $B", special_tokens=[(tokens[bos_id], bos_id)])
+            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)])
     return backend
 
 # %% ../../nbs/18_gemma3.ipynb #c8fa3f4c
