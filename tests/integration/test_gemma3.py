@@ -176,3 +176,18 @@ def test_the_greedy_tokens_match_transformers(models):
         with torch.inference_mode():
             want = theirs.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=eos)
         assert generate(ours, prompt, 24, eos_ids=tokenizer.eos_token_ids) == want[0, len(prompt):].tolist()
+
+
+@needs_gemma3
+def test_the_short_name_finds_the_file(monkeypatch, gguf_path):
+    "pyproject registers `gemma3-270m` under helios.checkpoint; chapter 04's find_checkpoint resolves it."
+    import tomllib
+    from importlib.metadata import EntryPoint
+    from pathlib import Path
+
+    import helios.weights as weights
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"][weights.CHECKPOINT_GROUP]["gemma3-270m"]
+    registered = [EntryPoint("gemma3-270m", target, weights.CHECKPOINT_GROUP)]  # as `pip install -e .` records it
+    monkeypatch.setattr(weights, "entry_points", lambda group: registered if group == weights.CHECKPOINT_GROUP else [])
+    assert weights.find_checkpoint("gemma3-270m") == gguf_path
