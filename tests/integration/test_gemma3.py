@@ -191,3 +191,17 @@ def test_the_short_name_finds_the_file(monkeypatch, gguf_path):
     registered = [EntryPoint("gemma3-270m", target, weights.CHECKPOINT_GROUP)]  # as `pip install -e .` records it
     monkeypatch.setattr(weights, "entry_points", lambda group: registered if group == weights.CHECKPOINT_GROUP else [])
     assert weights.find_checkpoint("gemma3-270m") == gguf_path
+
+
+@needs_gemma3
+@pytest.mark.slow
+def test_the_paged_engine_runs_the_real_model_as_alone(models):
+    "Chunked prefill across the window, three requests batched: each gets the tokens the reference loop gives it."
+    ours, _, tokenizer = models
+    prompts = [long_prompt(tokenizer), tokenizer.encode_chat([{"role": "user", "content": "Name three colours."}]),
+               long_prompt(tokenizer)[:540]]
+    config = EngineConfig(max_batch_size=4, prefill_chunk_size=256, page_size=16, max_queue=8, kv_watermark=0.0)
+    engine = Engine(ours, tokenizer, frozenset(), config, 256)
+    handles = [engine.submit(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)) for p in prompts]
+    while engine.step(): pass
+    assert [h.result().token_ids for h in handles] == [generate(ours, p, 16) for p in prompts]
