@@ -26,12 +26,12 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 
 # %% auto #0
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
-           'TORCH_MATMUL', 'QWEN3', 'LLAMA', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device', 'cuda_dtype',
-           'resolve_dtype', 'default_model_path', 'looks_like_path', 'find_checkpoint', 'LinearFactory',
-           'replace_linears', 'choose_matmul', 'layer_factory', 'build_model', 'qwen3_config_from_hf',
-           'llama_config_from_hf', 'config_from_hf', 'load_hf_config', 'read_hf_config', 'gqa_attention_shapes',
-           'expected_shapes', 'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build',
-           'load_model']
+           'CHECKPOINT_GROUP', 'TORCH_MATMUL', 'QWEN3', 'LLAMA', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device',
+           'cuda_dtype', 'resolve_dtype', 'default_model_path', 'named_checkpoint', 'looks_like_path',
+           'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model',
+           'qwen3_config_from_hf', 'llama_config_from_hf', 'config_from_hf', 'load_hf_config', 'read_hf_config',
+           'gqa_attention_shapes', 'expected_shapes', 'check_tensor_shapes', 'LoadedModel', 'read_config',
+           'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -67,6 +67,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, capability: tu
 
 # %% ../nbs/04_weights.ipynb #a9ee0a6b
 import re
+from importlib.metadata import entry_points
 
 from .formats.hf import ModelNotFoundError, TensorSelector, download_from_hub, is_hub_repo_id, load_safetensors
 
@@ -84,6 +85,15 @@ def default_model_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
 
 
+CHECKPOINT_GROUP = "helios.checkpoint"  # entry points: a short model name -> a function that returns its file
+
+
+def named_checkpoint(name: str) -> Path | None:
+    "The checkpoint an installed package registers under this short name (entry point group `helios.checkpoint`)."
+    found = [ep for ep in entry_points(group=CHECKPOINT_GROUP) if ep.name == name]
+    return Path(found[0].load()()) if found else None
+
+
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")   # owner/name, as the hub spells it
 
 
@@ -97,6 +107,7 @@ def looks_like_path(model: str) -> bool:
 def find_checkpoint(model: str | os.PathLike | None = None) -> Path:
     "A local `.gguf` file or a folder with `config.json` for `model` (None: the embedded default)."
     if model is None: return default_model_path()
+    if isinstance(model, str) and (named := named_checkpoint(model)) is not None: return named
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf": return path
     if path.is_dir():
