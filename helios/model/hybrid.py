@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import nn
 
-from ..config import KVLayout, ModelConfig
+from ..config import KVLayout, ModelConfig, MoEConfig
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
-from .layers import RMSNorm
+from .layers import RMSNorm, SwiGLUMLP
+from .moe import SparseMoE, stack_experts
 from .qwen3 import CausalLM, DecoderLayer
 from ..reference import KVCache, decode_one_token
 
@@ -25,8 +26,8 @@ from ..reference import KVCache, decode_one_token
 __all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT_STATE_BYTES', 'ZERO_CENTRED_NORMS',
            'DROPPED_PREFIXES', 'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked',
            'causal_conv', 'HybridConfig', 'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore',
-           'GatedRMSNorm', 'GatedDeltaNet', 'partial_rope', 'GatedAttention', 'hybrid_layer', 'adapt_state_dict',
-           'HybridCache', 'prefill_chunk', 'generate_hybrid']
+           'GatedRMSNorm', 'GatedDeltaNet', 'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer',
+           'adapt_state_dict', 'HybridCache', 'prefill_chunk', 'generate_hybrid']
 
 # %% ../../nbs/20_hybrid.ipynb #20a006
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -93,7 +94,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> t
     return y.transpose(1, 2), window[..., window.shape[-1] - state.shape[-1]:]
 
 # %% ../../nbs/20_hybrid.ipynb #20a012
-HYBRID_ARCHITECTURES = ("qwen3_5",)  # qwen3_5_moe adds a gated shared expert: not read yet
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 LAYER_TYPES = ("linear_attention", "full_attention")
 RECURRENT_STATE_BYTES = 4  # the recurrent state is kept in float32: it sums every token of the sequence
 
@@ -109,6 +110,7 @@ class HybridConfig(ModelConfig):
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
     conv_kernel_size: int = 4           # width of the short causal convolution
+    shared_expert_intermediate_size: int = 0  # qwen3_5_moe: one shared expert this wide, gated per token
 
     def __post_init__(self):
         if self.architecture not in HYBRID_ARCHITECTURES:
@@ -127,8 +129,10 @@ class HybridConfig(ModelConfig):
                              f"attention_head_dim={self.attention_head_dim}")
         if self.conv_kernel_size < 1:
             raise ValueError(f"linear_conv_kernel_dim={self.conv_kernel_size} must be at least 1")
-        if self.moe is not None or self.mla is not None:
-            raise ValueError("a hybrid's MLP is dense and its full attention is GQA (moe and mla must be None)")
+        if self.mla is not None:
+            raise ValueError("a hybrid's full attention is GQA: mla must be None")
+        if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
+            raise ValueError(f"MoE layers {self.moe.sparse_layers} are not all among the {self.num_layers} layers")
 
     @property
     def q_size(self) -> int: return self.num_heads * self.attention_head_dim
@@ -176,7 +180,7 @@ def linear_state_bytes(self: HybridConfig, dtype_bytes: int) -> int:
 def attention_layers_only(self: HybridConfig) -> HybridConfig:
     "This config with its full-attention layers alone: what a KV cache for them is sized by."
     n = len(self.full_attention_layers)
-    return replace(self, num_layers=n, layer_types=("full_attention",) * n)
+    return replace(self, num_layers=n, layer_types=("full_attention",) * n, moe=None)
 
 # %% ../../nbs/20_hybrid.ipynb #20a016
 def _hybrid_layer_types(d: dict) -> tuple[str, ...]:
@@ -184,6 +188,13 @@ def _hybrid_layer_types(d: dict) -> tuple[str, ...]:
     if d.get("layer_types"): return tuple(d["layer_types"])
     interval = d.get("full_attention_interval") or 4
     return tuple("linear_attention" if (i + 1) % interval else "full_attention" for i in range(d["num_hidden_layers"]))
+
+
+def _hybrid_moe(d: dict, arch: str) -> MoEConfig | None:
+    "Qwen3.5-MoE's experts: in every layer, softmax top-k renormalised (None for the dense qwen3_5)."
+    if arch != "qwen3_5_moe": return None
+    return MoEConfig(d["num_experts"], d["num_experts_per_tok"], d["moe_intermediate_size"],
+                     tuple(range(d["num_hidden_layers"])), norm_topk_prob=True)
 
 
 def config_from_hf(d: dict) -> HybridConfig:
@@ -213,7 +224,8 @@ def config_from_hf(d: dict) -> HybridConfig:
         layer_types=_hybrid_layer_types(d), attention_head_dim=head_dim,
         linear_num_key_heads=d["linear_num_key_heads"], linear_num_value_heads=d["linear_num_value_heads"],
         linear_key_head_dim=d["linear_key_head_dim"], linear_value_head_dim=d["linear_value_head_dim"],
-        conv_kernel_size=d.get("linear_conv_kernel_dim", 4))
+        conv_kernel_size=d.get("linear_conv_kernel_dim", 4), moe=_hybrid_moe(d, arch),
+        shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0)
 
 
 def tiny_qwen3_5(**overrides) -> HybridConfig:
@@ -331,12 +343,27 @@ class GatedAttention(nn.Module):
         out = sdpa_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)  # [B, T, Hq, D]
         return self.o_proj((out * gate.sigmoid()).reshape(B, T, self.q_size))
 
+# %% ../../nbs/20_hybrid.ipynb #20a0f2
+class SharedExpertMoE(SparseMoE):
+    "Chapter 03a's routed experts plus one shared expert whose output a per-token sigmoid gate scales."
+    def __init__(self, cfg: HybridConfig):
+        super().__init__(cfg)
+        self.shared_expert = SwiGLUMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., hidden] -> [..., hidden]
+        flat = x.reshape(-1, x.shape[-1])                 # [N, hidden]
+        shared = self.shared_expert_gate(flat).sigmoid() * self.shared_expert(flat)  # [N, 1] * [N, hidden]
+        return (self.experts(flat, self.gate(flat)) + shared).view(x.shape)
+
 # %% ../../nbs/20_hybrid.ipynb #20a022
 def hybrid_layer(cfg: HybridConfig, layer_idx: int) -> DecoderLayer:
     "Chapter 03's decoder layer with Gated DeltaNet or gated attention as its mixer, as `cfg.layer_types` says."
     linear = cfg.layer_types[layer_idx] == "linear_attention"
     mixer = GatedDeltaNet(cfg, layer_idx) if linear else GatedAttention(cfg, layer_idx)
-    return DecoderLayer(cfg, layer_idx, attention=mixer)
+    mlp = None  # chapter 01's SwiGLU
+    if cfg.is_sparse(layer_idx): mlp = SharedExpertMoE(cfg) if cfg.shared_expert_intermediate_size else SparseMoE(cfg)
+    return DecoderLayer(cfg, layer_idx, attention=mixer, mlp=mlp)
 
 
 ZERO_CENTRED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
@@ -352,7 +379,7 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
         name = name.replace("model.language_model.", "model.", 1)
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
-    return out
+    return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 03a stacks the experts (the dense model has none)
 
 # %% ../../nbs/20_hybrid.ipynb #20a027
 class HybridCache:

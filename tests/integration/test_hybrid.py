@@ -1,6 +1,6 @@
-"""Qwen3.5 (chapter 20) against transformers in float32: tiny random checkpoints in several shapes (head counts,
-full-attention interval or an explicit layer_types list, conv kernel sizes, partial rotary factors, tied and untied
-heads), read through the family's pieces (config_from_hf, adapt_state_dict, hybrid_layer). Logits and greedy tokens
+"""Qwen3.5 and Qwen3.5-MoE (chapter 20) against transformers in float32: tiny random checkpoints in several shapes
+(head counts, full-attention interval or an explicit layer_types list, conv kernel sizes, partial rotary factors,
+experts per token, tied and untied heads), read through the family's pieces (config_from_hf, adapt_state_dict, hybrid_layer). Logits and greedy tokens
 as transformers; a prompt in chunks that end mid convolution window as one prefill; decode token by token as one
 full forward."""
 import json
@@ -11,45 +11,60 @@ from conftest import PEAKED_INIT_RANGE, transformers_greedy
 from safetensors.torch import load_file
 
 from helios.model.attention import KVStore
-from helios.model.hybrid import (GatedAttention, GatedDeltaNet, HybridCache, LinearStateStore, adapt_state_dict,
-                                 config_from_hf, generate_hybrid, hybrid_layer, prefill_chunk)
+from helios.model.hybrid import (GatedAttention, GatedDeltaNet, HybridCache, LinearStateStore, SharedExpertMoE,
+                                 adapt_state_dict, config_from_hf, generate_hybrid, hybrid_layer, prefill_chunk)
 from helios.model.qwen3 import model_from_state_dict
 from helios.reference import decode_one_token
 
 LOGIT_ATOL = 1e-4   # ours against transformers, one forward (both run the chunked rule)
 STEP_ATOL = 1e-3    # stepped against chunked: the same sums in another order, on logits of std ~10
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, initializer_range=PEAKED_INIT_RANGE,
-              max_position_embeddings=1024, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-SHAPES = {
+COMMON = dict(vocab_size=256, hidden_size=64, initializer_range=PEAKED_INIT_RANGE, max_position_embeddings=1024,
+              bos_token_id=None, eos_token_id=None, pad_token_id=None)
+DENSE = dict(intermediate_size=96)
+SHAPES = {  # qwen3_5 (dense MLP) and qwen3_5_moe (experts and a gated shared expert in every layer)
     # Qwen3.5's pattern (3 linear, 1 full), GQA 4/2, 2 key heads serving 4 value heads, conv 4, untied
-    "interval4_gqa_conv4_untied": dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    "interval4_gqa_conv4_untied": dict(**DENSE, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
                                        linear_value_head_dim=12, linear_conv_kernel_dim=4, full_attention_interval=4,
                                        tie_word_embeddings=False),
     # every second layer full, one KV head, as many value heads as key heads, conv 2, tied
-    "interval2_mqa_conv2_tied": dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+    "interval2_mqa_conv2_tied": dict(**DENSE, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
                                      linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
                                      linear_value_head_dim=8, linear_conv_kernel_dim=2, full_attention_interval=2,
                                      tie_word_embeddings=True),
     # full attention first, half of each head rotated, q/k/v/o biases, 3 value heads on 1 key head, conv 3, tied
-    "types_full_first_conv3_bias": dict(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+    "types_full_first_conv3_bias": dict(**DENSE, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
                                         linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=8,
                                         linear_value_head_dim=8, linear_conv_kernel_dim=3, attention_bias=True,
                                         layer_types=["full_attention", "linear_attention", "linear_attention"],
                                         rope_parameters=dict(rope_type="default", rope_theta=1e6,
                                                              partial_rotary_factor=0.5),
                                         tie_word_embeddings=True),
+    # MoE: 8 experts, 2 per token, a shared expert 24 wide; every second layer full; conv 3; untied
+    "moe_e8_top2_interval2_untied": dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                         linear_value_head_dim=12, linear_conv_kernel_dim=3, full_attention_interval=2,
+                                         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                                         shared_expert_intermediate_size=24, tie_word_embeddings=False),
+    # MoE: 4 experts, 1 per token, Qwen3.5's 3-to-1 pattern, conv 4, tied
+    "moe_e4_top1_interval4_tied": dict(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                       linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+                                       linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+                                       num_experts_per_tok=1, moe_intermediate_size=16,
+                                       shared_expert_intermediate_size=16, tie_word_embeddings=True),
 }
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def pair(request, tmp_path_factory):
     "(transformers' model, ours read from its checkpoint folder, our config) for one shape."
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    import transformers
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
+    family = "Qwen3_5Moe" if request.param.startswith("moe") else "Qwen3_5"
+    config = getattr(transformers, f"{family}TextConfig")(**COMMON, **SHAPES[request.param])
     torch.manual_seed(0)
-    reference = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**COMMON, **SHAPES[request.param])).eval()
+    reference = getattr(transformers, f"{family}ForCausalLM")(config).eval()
     with torch.no_grad():
         for name, p in reference.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
@@ -66,6 +81,8 @@ def test_layers_follow_layer_types(pair):
     assert kinds == list(reference.config.layer_types) == list(cfg.layer_types)
     assert all(isinstance(layer.self_attn, (GatedDeltaNet, GatedAttention)) for layer in ours.model.layers)
     assert (ours.lm_head.weight is ours.model.embed_tokens.weight) == reference.config.tie_word_embeddings
+    sparse = [isinstance(layer.mlp, SharedExpertMoE) for layer in ours.model.layers]
+    assert sparse == [cfg.architecture == "qwen3_5_moe"] * cfg.num_layers
 
 
 def test_logits_as_transformers(pair):

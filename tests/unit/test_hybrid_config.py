@@ -45,7 +45,7 @@ def test_adapt_state_dict_renames_and_uncentres():
 
 
 @pytest.mark.parametrize("change,words", [
-    (dict(model_type="qwen3_5_moe"), "qwen3_5_moe"),
+    (dict(model_type="qwen3_next"), "qwen3_next"),
     (dict(layer_types=["linear_attention"] * 3), "layer_types"),
     (dict(layer_types=["linear_attention"] * 7 + ["sliding_attention"]), "layer_types"),
     (dict(linear_num_value_heads=3), "linear_num_value_heads=3"),
@@ -55,3 +55,11 @@ def test_adapt_state_dict_renames_and_uncentres():
 def test_errors_name_the_field(change, words):
     with pytest.raises(ValueError, match=words):
         config_from_hf({**TEXT, **change})
+
+
+def test_moe_config_puts_experts_in_every_layer():
+    cfg = config_from_hf({**TEXT, "model_type": "qwen3_5_moe_text", "num_experts": 8, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24})
+    assert cfg.architecture == "qwen3_5_moe" and cfg.moe.sparse_layers == tuple(range(8))
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.norm_topk_prob, cfg.moe.num_shared_experts) == (8, 2, True, 0)
+    assert cfg.shared_expert_intermediate_size == 24 and cfg.attention_layers_only().moe is None
