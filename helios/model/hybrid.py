@@ -177,6 +177,17 @@ def linear_state_bytes(self: HybridConfig, dtype_bytes: int) -> int:
 
 
 @patch
+def describe(self: HybridConfig, dtype_bytes: int) -> str:
+    "The architecture in one phrase: its two kinds of layer, the experts, KV bytes per token, state per sequence."
+    shared = " + 1 shared" if self.shared_expert_intermediate_size else ""
+    experts = f", experts {self.moe.top_k} active of {self.moe.num_experts}{shared}" if self.moe else ""
+    return (f"{self.architecture}: {len(self.linear_layers)} Gated DeltaNet layers ({self.linear_num_key_heads}/"
+            f"{self.linear_num_value_heads} heads), {len(self.full_attention_layers)} full attention (GQA "
+            f"{self.num_heads}/{self.num_kv_heads} heads x {self.attention_head_dim}){experts}; KV "
+            f"{self.kv_bytes_per_token(dtype_bytes):,} B/token, state {self.linear_state_bytes(dtype_bytes):,} B/sequence")
+
+
+@patch
 def attention_layers_only(self: HybridConfig) -> HybridConfig:
     "This config with its full-attention layers alone: what a KV cache for them is sized by."
     n = len(self.full_attention_layers)

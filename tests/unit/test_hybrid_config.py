@@ -63,3 +63,8 @@ def test_moe_config_puts_experts_in_every_layer():
     assert cfg.architecture == "qwen3_5_moe" and cfg.moe.sparse_layers == tuple(range(8))
     assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.norm_topk_prob, cfg.moe.num_shared_experts) == (8, 2, True, 0)
     assert cfg.shared_expert_intermediate_size == 24 and cfg.attention_layers_only().moe is None
+
+
+def test_describe_names_both_kinds_of_layer():
+    assert tiny_qwen3_5().describe(4) == ("qwen3_5: 3 Gated DeltaNet layers (2/4 heads), 1 full attention (GQA 4/2 "
+                                          "heads x 16); KV 256 B/token, state 7,488 B/sequence")
