@@ -309,6 +309,8 @@ def forward(self: GatedDeltaNet, x: torch.Tensor, cos: torch.Tensor, sin: torch.
             kv: LinearStateStore | None = None) -> torch.Tensor:
     "x: [B, T, hidden] -> [B, T, hidden]; cos and sin are unused (the recurrence knows the order)."
     B, T, _ = x.shape
+    if kv is not None and not isinstance(kv, LinearStateStore):  # e.g. a KV pool that knows only pages
+        raise TypeError(f"{type(kv).__name__} keeps no linear-attention state; run a hybrid model with a HybridCache")
     state = kv.linear_state(self.layer_idx) if kv is not None else self.zero_state(B, x)
     qkv, conv_state = causal_conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0], state.conv)  # [B, T, conv_dim]
     key_size = self.num_k_heads * self.k_dim

@@ -141,3 +141,11 @@ def test_cache_holds_kv_only_for_full_attention_layers(pair):
     assert cache.conv.shape == (len(cfg.linear_layers), 3, cfg.conv_dim, cfg.conv_kernel_size - 1)
     state_bytes = (cache.conv[:, 0].numel() * 4 + cache.recurrent[:, 0].numel() * 4)
     assert cfg.linear_state_bytes(4) == state_bytes
+
+
+def test_a_kv_store_without_linear_state_is_a_clear_error(pair):
+    "A KV store that keeps only keys and values (chapter 06's cache) cannot run a linear layer: a TypeError says so."
+    from helios.reference import KVCache
+    _, ours, cfg = pair
+    with pytest.raises(TypeError, match="KVCache keeps no linear-attention state"):
+        ours(torch.tensor([[1, 2]]), torch.arange(2)[None], kv=KVCache(cfg, 1, 4))
