@@ -214,6 +214,10 @@ def config_from_hf(d: dict) -> HybridConfig:
     if arch not in HYBRID_ARCHITECTURES:
         raise ValueError(f"model_type {d.get('model_type')!r} is not a hybrid Helios reads; expected "
                          f"{', '.join(HYBRID_ARCHITECTURES)} (or its _text variant)")
+    if d.get("quantization_config"):
+        method = d["quantization_config"].get("quant_method", "quantized")
+        raise ValueError(f"this checkpoint's weights are {method} (quantization_config); Helios reads float "
+                         f"safetensors (float32, float16, bfloat16): use the unquantized checkpoint")
     if "text_config" in d:
         d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", False)}
     rope = d.get("rope_parameters") or {}

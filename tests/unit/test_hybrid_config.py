@@ -51,6 +51,7 @@ def test_adapt_state_dict_renames_and_uncentres():
     (dict(linear_num_value_heads=3), "linear_num_value_heads=3"),
     (dict(num_key_value_heads=3), "num_kv_heads=3"),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "rope_type 'yarn'"),
+    (dict(quantization_config={"quant_method": "fp8"}), "weights are fp8"),
 ])
 def test_errors_name_the_field(change, words):
     with pytest.raises(ValueError, match=words):
