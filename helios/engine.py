@@ -17,7 +17,7 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 from fastcore.basics import patch
@@ -34,22 +34,21 @@ from .kv.pool import KVPool, describe_budget, kv_dtype, num_pages_for_budget, pa
 from .kv.prefix_cache import PrefixCache
 from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, EngineStats, FatalEngineError, RequestHandle,
                             RequestMetrics, RequestOutput, StreamEvent)
-from .sampling import (Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms, make_generator,
-                             pick_tokens, sample_seed)
-from .scheduler import MAX_PRIORITY, QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
-from .speculative import NgramDrafter
-from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, TokenGrammars, allocate_token_masks,
-                               append_token, fill_token_masks)
+from .sampling import (MASK_BITS, Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms,
+                             make_generator, pick_tokens, sample_seed)
+from .scheduler import MAX_PRIORITY, Drafter, QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
 from .tokenizer import Tokenizer
 from .registry import Implementation, choose
 
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'InboxMessage', 'ModelRunner', 'build_model_runner', 'compile_layers', 'SubmitRequest',
-           'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
-           'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine',
-           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
+__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ConstraintsFactory', 'DrafterFactory', 'InboxMessage', 'ModelRunner',
+           'build_model_runner', 'compile_layers', 'ConstraintViolation', 'TokenConstraint', 'TickMasks',
+           'TokenConstraints', 'allocate_token_masks', 'append_token', 'SubmitRequest', 'CancelRequest', 'InspectCache',
+           'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes',
+           'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine', 'warm_up_batch_sizes', 'WarmUp',
+           'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
 class ModelRunner:
@@ -127,6 +126,62 @@ def compile_layers(model: CausalLM, mode: str | None = None) -> float:
             for part in parts: part(x)
     return time.perf_counter() - start
 
+# %% ../nbs/11_engine.ipynb #e1c49a25
+class ConstraintViolation(ValueError):
+    "A token constraint refused a token, or failed; the message is its reason (its request fails, alone)."
+
+
+class TokenConstraint(Protocol):
+    "Where one completion stands under the rules on its tokens."
+    def accept(self, token_id: int) -> None:
+        "Take one sampled token; ConstraintViolation if the rules do not allow it here."
+        ...
+
+    @property
+    def is_finished(self) -> bool:
+        "The rules are complete and nothing may follow: the completion ends here."
+        ...
+
+
+class TickMasks(NamedTuple):
+    "The masks of one tick's constrained rows, ready for apply_token_masks."
+    masks: torch.Tensor               # int32 [B, W]; the rows below filled
+    rows: list[int]                   # rows filled
+    failures: dict[int, Exception]    # rows whose constraint failed: their request fails, alone
+    seconds: float                    # spent filling
+
+
+class TokenConstraints(Protocol):
+    "Makes the constraints a request asks for, and fills a tick's mask rows from them; thread-safe."
+    def constraints(self, params: SamplingParams) -> list[TokenConstraint]:
+        "One per completion when params ask for a constraint, else []; InvalidParam if it cannot be enforced."
+        ...
+
+    def fill_masks(self, masks: torch.Tensor, rows: list[tuple[int, TokenConstraint]]) -> TickMasks:
+        "Write each constraint's allowed next tokens into masks[row] (int32 [B, W], on the CPU)."
+        ...
+
+
+ConstraintsFactory = Callable[[Tokenizer, int, frozenset[int]], TokenConstraints]  # (tokenizer, vocab size, EOS ids)
+DrafterFactory = Callable[[], Drafter]                                              # one drafter per drafting sequence
+
+
+# %% ../nbs/11_engine.ipynb #0ba01473
+def allocate_token_masks(rows: int, vocab_size: int) -> torch.Tensor:
+    "Bitmasks for rows of a batch: int32 [rows, ceil(vocab_size / 32)], every token allowed until a constraint fills a row."
+    return torch.full((rows, -(-vocab_size // MASK_BITS)), -1, dtype=torch.int32)
+
+
+def append_token(completion: Completion, token: SampledToken, constraint: TokenConstraint | None) -> str:
+    "Give one sampled token to its constraint (ConstraintViolation if refused), then to the completion; a complete one ends it \"stop\"."
+    if constraint is not None: constraint.accept(token.token_id)
+    delta = completion.append(token)
+    if constraint is not None and constraint.is_finished:  # the end of the rules is "stop", even at the max_tokens-th token
+        if not completion.finished: delta += completion.end("stop")
+        elif completion.finish_reason == "length": completion.finish_reason = "stop"
+    return delta
+
+
 # %% ../nbs/11_engine.ipynb #fc8dcb72
 @dataclass(eq=False)
 class _Request:
@@ -141,7 +196,7 @@ class _Request:
     seqs: list[Sequence] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     generators: list[torch.Generator] = field(default_factory=list)
-    matchers: list[GrammarMatcher] = field(default_factory=list)  # one per completion when it has a grammar (built by submit)
+    constraints: list[TokenConstraint] = field(default_factory=list)  # one per completion when it asks for one (built by submit)
 
     @property
     def finished(self) -> bool: return all(c.finished for c in self.completions)
@@ -239,7 +294,8 @@ class Engine:
     "Continuous batching over a paged KV pool with prefix caching; one packed forward per tick."
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
                  config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
-                 make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None):
+                 make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None,
+                 constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None):
         cfg = model.config
         self.max_model_len = config.context_length(cfg)  # the context served (a too-large max_model_len raises here)
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
@@ -274,9 +330,7 @@ class Engine:
                                + describe_budget(replace(cfg, max_position_embeddings=self.max_model_len), num_pages, config.page_size, element, weight_bytes(model)) + "; "
                                + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
                                + f"; pages {config.kv_reservation}")
-        self.grammars = TokenGrammars(tokenizer, cfg.vocab_size, eos_token_ids)  # llguidance's vocabulary: built on first use
-        self._token_masks = allocate_token_masks(config.max_batch_size, cfg.vocab_size)  # [rows, W], on the CPU
-        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
+        self._plug_in(constraints, drafter_factory)
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._lock = threading.Lock()
         self._num_submitted = 0                   # sequences in the inbox, not yet taken in (guarded by _lock)
@@ -294,9 +348,23 @@ class Engine:
                               num_constrained_rows=0, grammar_mask_s=0.0)
         self._stats = self._snapshot()
 
+# %% ../nbs/11_engine.ipynb #cc25a722
+@patch
+def _plug_in(self: Engine, constraints: ConstraintsFactory | None, drafter_factory: DrafterFactory | None):
+    "Make the token constraints and keep the drafters' factory; a speculative setting with no factory raises ValueError."
+    if self.config.speculative != "off" and drafter_factory is None:
+        raise ValueError(f"speculative={self.config.speculative!r} needs a drafter_factory that makes its drafters")
+    vocab_size = self.model.config.vocab_size
+    self.constraints = constraints(self.tokenizer, vocab_size, self.eos_token_ids) if constraints else None
+    self.drafter_factory = drafter_factory
+    self._token_masks = allocate_token_masks(self.config.max_batch_size, vocab_size)  # [rows, W], on the CPU
+    self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="helios-grammar")  # masks, during the forward
+
+
 # %% ../nbs/11_engine.ipynb #c3eb4e0d
 @patch(cls_method=True)
-def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
+def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig,
+           constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None) -> Engine:
     "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
@@ -305,7 +373,8 @@ def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, co
         memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
     budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
     num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
-    engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory)
+    engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory,
+                 constraints=constraints, drafter_factory=drafter_factory)
     engine.attention_passed_over = choice.passed_over
     return engine
 
@@ -318,12 +387,14 @@ def submit(self: Engine, prompt_ids: list[int], params: SamplingParams, prompt: 
     validate_priority(priority)
     validate_logit_bias(params, self.model.config.vocab_size)
     self.check_fits(len(prompt_ids), params.max_tokens)
-    # compiling a grammar checks it, and takes as long as the grammar needs: here, never on the engine thread
-    matchers = self.grammars.matchers(params.grammar, params.n) if params.grammar is not None else []
+    if params.grammar is not None and self.constraints is None:
+        raise InvalidParam("grammar", "this engine enforces no grammar: it was built without token constraints")
+    # building a constraint checks it, and takes as long as it needs (a grammar compiles): here, never on the engine thread
+    constraints = self.constraints.constraints(params) if self.constraints else []
     request_id = request_id or f"req-{next(self._ids)}"
     handle = RequestHandle(request_id, notify)
     req = _Request(request_id, prompt, list(prompt_ids), params, handle, RequestMetrics(time.monotonic(), len(prompt_ids)),
-                   priority, matchers=matchers)
+                   priority, constraints=constraints)
     with self._lock:  # the put is inside: no request can slip into the inbox behind shutdown's AbortRequests
         if self.failure: raise EngineError(f"the engine has stopped: {self.failure}")
         if self._stopping: raise EngineError("the engine is shutting down")
@@ -406,10 +477,10 @@ def next_sequence_id(self: Engine) -> int:
 def _build(self: Engine, req: _Request) -> tuple[list[Sequence], list[Completion], list[torch.Generator]]:
     "A request's sequences, completions (detokenizer, stop rules) and seeded generators; touches no shared state."
     n, seed, cfg = req.params.n, req.params.seed, self.config
-    drafts = cfg.speculative == "ngram" and req.params.grammar is None  # a grammar's masks go one token at a time
+    drafts = self.drafter_factory is not None and not req.constraints  # a constraint's masks go one token at a time
     seqs = [Sequence(self.next_sequence_id(), req.request_id, req.prompt_ids, req.params.max_tokens,
                      req.metrics.arrival_s, cfg.page_size, req.priority,
-                     drafter=NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max) if drafts else None)
+                     drafter=self.drafter_factory() if drafts else None)
             for _ in range(n)]
     completions = [Completion(req.params, self.tokenizer, self.eos_token_ids) for _ in range(n)]
     generators = [make_generator(sample_seed(seed, i), self.runner.device) for i in range(n)]  # n samples differ
@@ -529,14 +600,13 @@ def step(self: Engine, timer: Timer | None = None) -> bool:
 def _start_masks(self: Engine, plan: TickPlan) -> Future | None:
     "Fill the masks of the tick's constrained rows (in sampling order) on the helper thread; None if there are none."
     owners = [self._seq_owner[c.seq.seq_id] for c in plan.chunks if c.samples]
-    jobs = [MaskRow(r, req.matchers[i], tuple(self.grammars.eos_token_ids) if req.params.ignore_eos else ())
-            for r, (req, i) in enumerate(owners) if req.matchers]  # under ignore_eos, EOS taken out of the mask
-    return self._mask_worker.submit(fill_token_masks, self._token_masks, jobs, self.grammars.executor) if jobs else None
+    rows = [(r, req.constraints[i]) for r, (req, i) in enumerate(owners) if req.constraints]
+    return self._mask_worker.submit(self.constraints.fill_masks, self._token_masks, rows) if rows else None
 
 # %% ../nbs/11_engine.ipynb #51b3c53d
 @patch
 def _sample(self: Engine, logits: torch.Tensor, chunks: list, owners: list, masks: TickMasks | None) -> list[SampledToken | Exception]:
-    "Each sampling row's token, or the exception its own sampling (or its grammar's mask) raised."
+    "Each sampling row's token, or the exception its own sampling (or its constraint's mask) raised."
     params = [req.params for req, _ in owners]
     seen = [c.seq.prompt_ids + c.seq.output_ids for c in chunks]
     generated = [c.seq.output_ids for c in chunks]
@@ -563,7 +633,8 @@ def _sample(self: Engine, logits: torch.Tensor, chunks: list, owners: list, mask
 @patch
 def _sample_and_emit(self: Engine, plan: TickPlan, logits: torch.Tensor, pending_masks: Future | None = None):
     """Sample and stream each sampling chunk's token. A drafting decode then goes on to its next logits row
-    while its token equals the draft's (chapter 09a's rule), and keeps the drafted tokens that held."""
+    while its token equals the draft's (so every token is the one it would be without drafts), and keeps
+    the drafted tokens that held."""
     chunks = [c for c in plan.chunks if c.samples]
     if not chunks: return
     masks = pending_masks.result() if pending_masks else None
@@ -599,9 +670,9 @@ def _emit(self: Engine, chunk: ScheduledChunk, token: SampledToken | Exception, 
     self._counters["num_generated_tokens"] += 1
     if req.metrics.first_token_s is None: req.metrics.first_token_s = now
     completion = req.completions[i]
-    delta = _attempt(append_token, completion, token, req.matchers[i] if req.matchers else None)
-    if isinstance(delta, Exception):  # its grammar refused the token, or detokenizing or a stop rule raised
-        stage = "following its grammar" if isinstance(delta, GrammarViolation) else "turning its tokens into text"
+    delta = _attempt(append_token, completion, token, req.constraints[i] if req.constraints else None)
+    if isinstance(delta, Exception):  # its constraint refused the token, or detokenizing or a stop rule raised
+        stage = "following its grammar" if isinstance(delta, ConstraintViolation) else "turning its tokens into text"
         self._fail_request(req, stage, delta)
         return False
     req.handle.put(StreamEvent(i, delta, [token.token_id], token.logprobs))

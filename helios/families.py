@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['FAMILY_GROUP', 'Shapes', 'GGUFReading', 'Family', 'family_names', 'load_family', 'gguf_family']
+__all__ = ['FAMILY_GROUP', 'GGUF_GROUP', 'Shapes', 'GGUFReading', 'Family', 'family_names', 'load_family', 'gguf_family']
 
 # %% ../nbs/04_weights.ipynb #47559602
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .model.qwen3 import LayerFactory
 
 FAMILY_GROUP = "helios.family"  # the entry-point group: model_type = "module:FAMILY"
+GGUF_GROUP = "helios.gguf"      # the same families under llama.cpp's general.architecture = "module:FAMILY"
 Shapes = Iterable[tuple[str, tuple[int, ...]]]  # (tensor name, shape) pairs
 
 
@@ -60,9 +61,14 @@ def load_family(model_type: str | None) -> Family:
 
 
 def gguf_family(architecture: str | None) -> Family:
-    "The family whose GGUF files carry this general.architecture, or a ValueError that lists the ones read."
-    readable = [f for f in map(_load, entry_points(group=FAMILY_GROUP)) if f.gguf is not None]
-    for family in readable:
-        if family.gguf.name == architecture: return family
-    names = ", ".join(sorted(f.gguf.name for f in readable))
-    raise ValueError(f"GGUF architecture {architecture!r} is not supported; Helios reads {names}")
+    """The family whose GGUF files carry this general.architecture (registered under that name in GGUF_GROUP), or
+    a ValueError that lists the ones read. Only that family's module is imported."""
+    found = [ep for ep in entry_points(group=GGUF_GROUP) if ep.name == architecture]
+    if not found:
+        names = ", ".join(sorted({ep.name for ep in entry_points(group=GGUF_GROUP)}))
+        raise ValueError(f"GGUF architecture {architecture!r} is not supported; Helios reads {names}")
+    family = found[0].load()
+    if not isinstance(family, Family) or family.gguf is None or family.gguf.name != architecture:
+        raise TypeError(f"entry point {architecture} of {GGUF_GROUP} must be a Family that reads {architecture!r} GGUF files, "
+                        f"got {family!r}")
+    return family

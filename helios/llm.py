@@ -23,6 +23,8 @@ from .config import EngineConfig, settings
 from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutput, validate_priority
 from .sampling import SamplingParams
 from .scheduler import QueueFull
+from .speculative import ngram_drafter_factory
+from .structured import TokenGrammars
 from .tokenizer import Tokenizer, load_tokenizer
 from .registry import Implementation, NotApplicable, choose
 from .weights import LoadedModel, load_model
@@ -31,7 +33,7 @@ _T = TypeVar("_T")
 
 # %% auto #0
 __all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'attention_summary', 'runner_summary', 'Launch', 'eos_ids',
-           'local_launch', 'LLM', 'settings_signature']
+           'engine_plugins', 'local_launch', 'LLM', 'settings_signature']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -86,13 +88,19 @@ def eos_ids(loaded: LoadedModel, tokenizer: Tokenizer) -> set[int]:
     return tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
 
 
+def engine_plugins(config: EngineConfig) -> dict:
+    "What an engine plugs in: grammar masks (TokenGrammars) and, under speculative=\"ngram\", each sequence's NgramDrafter."
+    return dict(constraints=TokenGrammars, drafter_factory=ngram_drafter_factory(config))
+
+
 def local_launch(model, dtype, device, config: EngineConfig) -> Launch:
     "The `local` executor: one process, the whole model, and an engine whose KV pool fills the budget."
     if config.world_size > 1:
         raise NotApplicable(f"the local executor runs one process; {config.world_size} ranks need 'multiprocess'")
     loaded = load_model(model, dtype=dtype, device=device, matmul=config.matmul)
     tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
-    return Launch(loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config), "one process")
+    return Launch(loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config,
+                                                   **engine_plugins(config)), "one process")
 
 
 LOCAL_EXECUTOR = Implementation("executor", "local", local_launch, priority=0, summary="one process")

@@ -169,7 +169,7 @@ class EngineStats:
     num_prompt_tokens: int
     num_generated_tokens: int
     num_ticks: int
-    num_constrained_rows: int     # sampled rows a grammar masked
+    num_constrained_rows: int     # sampled rows a token constraint masked
     grammar_mask_s: float         # seconds the helper thread spent filling their masks
     num_host_pages: int = 0           # the host tier: 0 when it is off
     num_host_free_pages: int = 0
@@ -182,7 +182,7 @@ class EngineStats:
     kv_bytes_to_host: int = 0
     kv_bytes_to_device: int = 0
     kv_copy_s: float = 0.0            # engine-thread seconds of copies between the tiers
-    num_draft_tokens: int = 0         # tokens decodes drafted (speculative decoding, chapter 09a)
+    num_draft_tokens: int = 0         # tokens decodes drafted (their drafters' guesses)
     num_accepted_tokens: int = 0      # of which the model confirmed: each one a token without a forward of its own
 
 # %% ../nbs/11_engine.ipynb #a9545cb6

@@ -14,6 +14,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from fastcore.basics import patch
 
@@ -21,13 +22,20 @@ from .config import PREFILL_AGING_S, EngineConfig
 from .kv.manager import PageManager
 from .kv.pages import pages_needed
 from .kv.prefix_cache import PrefixMatch, prompt_block_hashes
-from .speculative import NgramDrafter
 
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['AGED_PREFILL_SHARE', 'MAX_PRIORITY', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan', 'RequestTooLarge',
-           'QueueFull', 'Scheduler']
+__all__ = ['AGED_PREFILL_SHARE', 'MAX_PRIORITY', 'Drafter', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan',
+           'RequestTooLarge', 'QueueFull', 'Scheduler']
+
+# %% ../nbs/10_scheduler.ipynb #5f6d426c
+class Drafter(Protocol):
+    "What a sequence's decodes draft with: guesses of the tokens after its newest one, made without the model."
+    def propose(self, prompt_ids: list[int], output_ids: list[int], k: int) -> list[int]:
+        "Up to k tokens that may follow prompt_ids + output_ids; [] when it has no guess."
+        ...
+
 
 # %% ../nbs/10_scheduler.ipynb #1e64da3e
 AGED_PREFILL_SHARE = 0.25  # an aged prompt gets at least this share of the budget, even past it
@@ -60,7 +68,7 @@ class Sequence:
     num_preemptions: int = 0
     swapped_pages: list[int] | None = None  # while preempted by swapping: the host pages holding its computed tokens
     recompute_until: int = 0       # after a preemption that dropped its tokens: how many it had computed
-    drafter: NgramDrafter | None = None  # proposes the tokens its decodes draft (None: it never drafts)
+    drafter: Drafter | None = None  # proposes the tokens its decodes draft (None: it never drafts)
 
     def __post_init__(self):
         self.block_hashes = prompt_block_hashes(self.prompt_ids, self.page_size)

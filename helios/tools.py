@@ -101,7 +101,7 @@ def _tool_function(tool: dict, where: str) -> ToolFunction:
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise InvalidParam("tools", f"{where}.function.parameters must be the JSON schema of an object, got {parameters!r}")
     function = ToolFunction(name, description, parameters, fn.get("strict") is True)
-    check_schema_limits(parameters, "tools", f"{where}.function.parameters")   # chapter 07a's stated limits
+    check_schema_limits(parameters, "tools", f"{where}.function.parameters")   # chapter 11a's stated limits
     if (reason := schema_error(arguments_schema(function))) is not None:
         raise InvalidParam("tools", f"{where}.function.parameters is a schema the grammar library refuses: {reason}")
     return function
@@ -159,7 +159,7 @@ def tool_call_lark(functions: list[ToolFunction], choice: str | None, parallel: 
 
 def tool_call_grammar(functions: list[ToolFunction], choice: str | None, parallel: bool, *,
                       tokenizer: Tokenizer) -> str:
-    "The grammar string (chapter 07a) of `tool_call_lark`: what `SamplingParams(grammar=...)` takes."
+    "The grammar string (chapter 11a) of `tool_call_lark`: what `SamplingParams(grammar=...)` takes."
     return lark_grammar(tool_call_lark(functions, choice, parallel, tokenizer=tokenizer))
 
 # %% ../nbs/12a_tools_and_reasoning.ipynb #ab3e2d92

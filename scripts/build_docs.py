@@ -40,7 +40,7 @@ EXPORT_DIRECTIVES = {"export", "exporti", "exports"}
 # ---- which notebooks, in which order ----
 
 def chapter_key(nb_path: Path) -> tuple[int, str]:
-    "07_sampling -> (7, ''), 07a_structured_output -> (7, 'a'): a lettered chapter follows its number."
+    "11_engine -> (11, ''), 11a_structured_output -> (11, 'a'): a lettered chapter follows its number."
     number, letter = re.match(r"(\d+)([a-z]?)_", nb_path.name).groups()
     return int(number), letter
 

@@ -106,7 +106,7 @@ LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(" + re.escape(GLOSSARY) + r
 
 
 def chapter_key(path: Path) -> tuple[int, str]:
-    "07_sampling -> (7, ''), 07a_structured_output -> (7, 'a'): the docs' reading order."
+    "11_engine -> (11, ''), 11a_structured_output -> (11, 'a'): the docs' reading order."
     number, letter = re.match(r"(\d+)([a-z]?)_", path.name).groups()
     return int(number), letter
 

@@ -29,7 +29,7 @@ from ..attention.base import choose_backend
 from ..config import EngineConfig
 from ..engine import Engine
 from ..kv.pool import KVPool, kv_dtype
-from ..llm import Launch, eos_ids
+from ..llm import Launch, engine_plugins, eos_ids
 from ..registry import Implementation, NotApplicable
 from ..tokenizer import load_tokenizer
 from ..weights import find_checkpoint, read_config, resolve_device
@@ -184,7 +184,7 @@ def multiprocess_launch(model, dtype, device, config: EngineConfig) -> Launch:
         num_pages = agree_num_pages(loaded, config, groups)
         tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         engine = Engine(loaded.model, tokenizer, frozenset(eos_ids(loaded, tokenizer)), config, num_pages,
-                        make_runner=partial(ParallelRunner, groups=groups, processes=processes))
+                        make_runner=partial(ParallelRunner, groups=groups, processes=processes), **engine_plugins(config))
     except BaseException:
         stop_processes(processes, wait_s=0.0)
         raise

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import nn
 
-from ..config import KVLayout, ModelConfig
+from ..config import KVLayout
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
 from .moe import MoEConfig, MoEModelConfig, SparseMoE, stack_experts
@@ -360,7 +360,7 @@ class GatedAttention(nn.Module):
 
 # %% ../../nbs/20_hybrid.ipynb #20a0f2
 class SharedExpertMoE(SparseMoE):
-    "Chapter 03a's routed experts plus one shared expert whose output a per-token sigmoid gate scales."
+    "Chapter 04a's routed experts plus one shared expert whose output a per-token sigmoid gate scales."
     def __init__(self, cfg: HybridConfig):
         super().__init__(cfg)
         self.shared_expert = SwiGLUMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -394,7 +394,7 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
         name = name.replace("model.language_model.", "model.", 1)
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
-    return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 03a stacks the experts (the dense model has none)
+    return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
 
 # %% ../../nbs/20_hybrid.ipynb #20a027
 class HybridCache:

@@ -134,7 +134,7 @@ def add_generation_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metr
     "POST /v1/completions and POST /v1/chat/completions: checked, submitted, answered whole or as a stream."
     name, context, char_limit = settings.served_model_name, llm.engine.max_model_len, prompt_chars_limit(llm)
     max_request_tokens = llm.engine.scheduler.max_request_tokens   # the context, or the KV budget if smaller
-    grammars = llm.engine.grammars
+    grammars = llm.engine.constraints
 
     def check_sequences(prompts: int, n: int):
         if prompts * n > llm.engine_config.max_queue:
@@ -391,7 +391,7 @@ def server_limits() -> list[Limit]:
         Limit("n", f"{MAX_N}", "MAX_N", "each completion is a sequence with its own KV pages"),
         Limit("logprobs, top_logprobs", f"{MAX_LOGPROBS}", "MAX_LOGPROBS", "OpenAI's top_logprobs limit"),
         Limit("optional properties in one schema object", f"{MAX_OPTIONAL_PROPERTIES}", "MAX_OPTIONAL_PROPERTIES",
-              "llguidance refuses a parser row past 2,000 items, about 4 per optional property (chapter 07a)"),
+              "llguidance refuses a parser row past 2,000 items, about 4 per optional property (chapter 11a)"),
         Limit("properties in one schema", f"{MAX_SCHEMA_PROPERTIES:,}", "MAX_SCHEMA_PROPERTIES",
               "OpenAI's limit; keeps a grammar's compile to about 0.3 s (SmolLM2's vocabulary, 2-core Xeon)"),
         Limit("grammar compile and first tokens", f"compiled, first {PROBE_STEPS} tokens walked", "PROBE_STEPS",

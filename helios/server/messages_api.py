@@ -468,7 +468,7 @@ async def _events(self: MessagesJob, streams) -> AsyncIterator[str]:
 def add_messages_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics: ServerMetrics):
     "POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API on the chat engine path."
     name, context, char_limit = settings.served_model_name, llm.config.max_position_embeddings, prompt_chars_limit(llm)
-    tokenizer, grammars = llm.tokenizer, llm.engine.grammars
+    tokenizer, grammars = llm.tokenizer, llm.engine.constraints
     app.state.error_shapes[MESSAGES_PATH] = anthropic_error
 
     async def rendered(chat: ChatCompletionRequest) -> RenderedChat:

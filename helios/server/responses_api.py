@@ -617,7 +617,7 @@ def prepare_chat(llm: LLM, body: ResponsesRequest, conversation: list[dict]) -> 
         llm.engine.check_fits(len(rendered.token_ids), params.max_tokens)   # before a grammar is compiled for it
     except ValueError as e:
         raise APIError(400, str(e), param="max_output_tokens" if body.max_output_tokens else "input") from None
-    params = replace(params, grammar=chat_grammar(llm.engine.grammars, llm.tokenizer, chat))
+    params = replace(params, grammar=chat_grammar(llm.engine.constraints, llm.tokenizer, chat))
     shape = ChatShape(llm.tokenizer.supports_thinking, chat.rendered_tools is not None,
                       rendered.starts_in_reasoning and params.grammar is None, chat.parallel_tool_calls is not False)
     return rendered.token_ids, params, shape

@@ -9,7 +9,7 @@ from helios import LLM, SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine, EngineError, SubmitRequest
 from helios.sampling import InvalidParam, unpack_token_masks
-from helios.structured import GrammarViolation, json_schema_grammar, lark_grammar
+from helios.structured import GrammarViolation, TokenGrammars, json_schema_grammar, lark_grammar
 
 # Bounded schemas: every string has a maxLength, every integer a range, every array maxItems and no object takes
 # extra properties, so any text they allow is short and a completion always closes its JSON within MAX_TOKENS
@@ -88,7 +88,8 @@ def test_greedy_constrained_is_deterministic_and_n_samples_differ(tiny):
 
 def step_engine(tiny, config=None) -> Engine:
     return Engine(tiny.model, tiny.tokenizer, tiny.tokenizer.eos_token_ids,
-                  config or EngineConfig(max_batch_size=4, prefill_chunk_size=64, page_size=16), num_pages=256)
+                  config or EngineConfig(max_batch_size=4, prefill_chunk_size=64, page_size=16), num_pages=256,
+                  constraints=TokenGrammars)
 
 
 def run(engine: Engine, requests: list[tuple[list[int], SamplingParams]]):
@@ -137,7 +138,7 @@ def test_grammars_compile_once_in_submit_on_the_callers_thread(tiny, monkeypatch
     import threading
     import llguidance
     grammar, compiled, real = json_schema_grammar(ARRAYS), [], llguidance.LLMatcher
-    tiny.engine.grammars.ll_tokenizer                         # built before counting
+    tiny.engine.constraints.ll_tokenizer                         # built before counting
     monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **kw: compiled.append(threading.current_thread()) or real(*a, **kw))
     out = tiny.generate("A", SamplingParams(grammar=grammar, max_tokens=MAX_TOKENS, n=2, temperature=1.0, seed=4),
                         use_tqdm=False)[0]
@@ -152,9 +153,9 @@ def test_submit_carries_the_matchers_and_admission_builds_none(tiny):
     handle = engine.submit(tiny.tokenizer.encode("a"), constrained(ENUMS, temperature=0, n=2))
     (message,) = list(engine._inbox.queue)
     req = message.request
-    assert isinstance(message, SubmitRequest) and len(req.matchers) == 2 and req.matchers[0] is not req.matchers[1]
+    assert isinstance(message, SubmitRequest) and len(req.constraints) == 2 and req.constraints[0] is not req.constraints[1]
     def no_compiling(*args, **kw): raise AssertionError("a matcher built on the engine thread")
-    engine.grammars.matchers = engine.grammars.matcher = no_compiling
+    engine.constraints.matchers = engine.constraints.matcher = no_compiling
     while engine.step(): pass
     assert_valid(handle.result(), ENUMS)
 
@@ -182,8 +183,8 @@ def test_the_engines_eos_set_is_the_grammars_end(tiny):
     "The model config may add EOS ids to the tokenizer's: the masks allow them where the grammar may end, ignore_eos forbids them."
     eos = tiny.tokenizer.eos_token_ids | {0}
     engine = Engine(tiny.model, tiny.tokenizer, eos, EngineConfig(max_batch_size=4, prefill_chunk_size=64, page_size=16),
-                    num_pages=256)
-    assert engine.grammars.eos_token_ids == eos == engine.eos_token_ids
+                    num_pages=256, constraints=TokenGrammars)
+    assert engine.constraints.eos_token_ids == eos == engine.eos_token_ids
     a_run = lambda ignore: SamplingParams(grammar=lark_grammar('start: "a"+'), temperature=0, max_tokens=3, ignore_eos=ignore)
     handles = [engine.submit(tiny.tokenizer.encode(p), a_run(ignore)) for p, ignore in (("x", False), ("y", True))]
     engine.step(), engine.step()                             # prefill and "a"; then a mask after "a", where the grammar may end
@@ -201,11 +202,11 @@ def test_a_failing_matcher_fails_its_request_alone(tiny):
     refused = engine.submit(tiny.tokenizer.encode("c"), constrained(NESTED, temperature=0))
     engine._drain_inbox()
 
-    broken = engine._requests[bad.request_id].matchers[1]._matcher  # llguidance's matcher: failed, it stays failed
+    broken = engine._requests[bad.request_id].constraints[1]._matcher  # llguidance's matcher: failed, it stays failed
     assert not broken.consume_token(tiny.tokenizer.encode("x", add_special_tokens=False)[0])
 
     def refuse(token_id): raise GrammarViolation(f"token {token_id} refused")
-    engine._requests[refused.request_id].matchers[0].accept = refuse
+    engine._requests[refused.request_id].constraints[0].accept = refuse
     while engine.step(): pass
     assert_valid(good.result(), ENUMS)
     for handle in (bad, refused):

@@ -7,6 +7,7 @@ from conftest import FAMILIES, save_family
 from helios import SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine
+from helios.llm import engine_plugins
 from helios.reference import generate
 from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
@@ -30,7 +31,8 @@ def prompts():
 
 def run(model, tokenizer, num_pages, **config):
     settings = dict(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0)
-    engine = Engine(model, tokenizer, frozenset(), EngineConfig(**{**settings, **config}), num_pages)
+    engine_config = EngineConfig(**{**settings, **config})
+    engine = Engine(model, tokenizer, frozenset(), engine_config, num_pages, **engine_plugins(engine_config))
     first, *rest = prompts()
     handles = [engine.submit(first, GREEDY)]  # alone first: its prefix blocks are cached when the others arrive
     while engine.step(): engine.pages.check_invariants()

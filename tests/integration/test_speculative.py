@@ -8,6 +8,7 @@ from conftest import TEST_KV_BYTES, real_text
 from helios import SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine
+from helios.llm import engine_plugins
 from helios.structured import json_schema_grammar
 
 COPY = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
@@ -33,7 +34,8 @@ def prompts(llm):
 def run(llm, prompts, params, **config):
     "Each prompt's output through a fresh engine over llm's model, and the engine's final stats."
     settings = {"kv_cache_bytes": TEST_KV_BYTES, "max_batch_size": 8, **config}
-    engine = Engine.create(llm.model, llm.tokenizer, llm.tokenizer.eos_token_ids, EngineConfig(**settings))
+    config = EngineConfig(**settings)
+    engine = Engine.create(llm.model, llm.tokenizer, llm.tokenizer.eos_token_ids, config, **engine_plugins(config))
     handles = [engine.submit(p, params) for p in prompts]
     while engine.step(): engine.pages.check_invariants()
     stats = engine.stats()

@@ -1,7 +1,7 @@
 """The package's imports follow the chapters: a module imports only modules written by its own or an earlier
 chapter (at import time or inside a function), a chapter's cells use only those modules, and nothing imports in
 a cycle. A module's chapter is read from the header nbdev writes ("File to edit: ../nbs/08_paged_pool.ipynb"); a lettered
-chapter (07a_structured_output) comes after its number and before the next one."""
+chapter (11a_structured_output) comes after its number and before the next one."""
 from __future__ import annotations
 
 import ast
@@ -135,4 +135,4 @@ def test_the_checks_catch_a_backwards_import():
 
 def test_a_lettered_chapter_sits_between_its_number_and_the_next():
     assert chapter_of("07") < chapter_of("07a") < chapter_of("07b") < chapter_of("08")
-    assert HEADER.search("File to edit: ../nbs/07a_structured_output.ipynb").group(1) == "07a"
+    assert HEADER.search("File to edit: ../nbs/11a_structured_output.ipynb").group(1) == "11a"

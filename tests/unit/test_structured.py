@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from helios.sampling import InvalidParam, SamplingParams, draw_uniforms, make_generator, pick_tokens, unpack_token_masks
+from helios.engine import allocate_token_masks
 from helios.structured import (COMPACT_JSON, MAX_OPTIONAL_PROPERTIES, MAX_SCHEMA_PROPERTIES, GrammarMatcher,
-                               GrammarViolation, MaskRow, TokenGrammars, allocate_token_masks, apply_token_masks,
+                               GrammarViolation, MaskRow, TokenGrammars, apply_token_masks,
                                check_schema_limits, fill_token_masks, forbid_tokens, is_grammar_failure,
                                json_object_grammar, json_schema_grammar, lark_grammar, unending_ref)
 
@@ -206,7 +207,7 @@ def test_ignore_eos_keeps_eos_when_it_is_all_the_grammar_allows(tok, grammars):
 
 def test_a_grammar_complete_at_max_tokens_ends_stop(tok, grammars):
     from helios.sampling import Completion, SampledToken
-    from helios.structured import append_token
+    from helios.engine import append_token
     (a,) = ids(tok, "a")
     at_limit = Completion(SamplingParams(max_tokens=1), tok, tok.eos_token_ids)
     assert append_token(at_limit, SampledToken(a, None), grammars.matcher(lark_grammar('start: "a"'))) == "a"

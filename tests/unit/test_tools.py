@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from helios.sampling import InvalidParam
-from helios.structured import GrammarViolation, TokenGrammars, allocate_token_masks
+from helios.engine import allocate_token_masks
+from helios.structured import GrammarViolation, TokenGrammars
 from helios.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer, load_tokenizer
 from helios.tools import (ChatDelta, ToolCallParser, check_tool_choice, lark_tag, merge_deltas, parse_tool_call,
                           tool_call_grammar, tool_call_lark, tool_functions)
