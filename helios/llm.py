@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import weakref
+from dataclasses import replace
 from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import torch
@@ -24,14 +25,14 @@ from .engine import CacheReport, Engine, EngineStats, RequestHandle, RequestOutp
 from .sampling import SamplingParams
 from .scheduler import QueueFull
 from .tokenizer import Tokenizer, load_tokenizer
-from .registry import Implementation, NotApplicable, choose
+from .registry import AUTO, Implementation, NotApplicable, choose
 from .weights import LoadedModel, load_model
 
 _T = TypeVar("_T")
 
 # %% auto #0
 __all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'attention_summary', 'runner_summary', 'Launch', 'eos_ids',
-           'local_launch', 'LLM', 'settings_signature']
+           'paired_kv_pages', 'local_launch', 'LLM', 'settings_signature']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -48,9 +49,13 @@ def on_fresh_thread(fn: Callable[[], _T]) -> _T:
 
 # %% ../nbs/12_llm.ipynb #cce1acd6
 def matmul_summary(loaded: LoadedModel) -> str:
-    "How the start-up line names the model's matmuls."
+    """How the start-up line names the model's matmuls: the implementation and, where `auto` rounded the weights,
+    why it passed over the better-ranked ones and how to keep them exact."""
     if loaded.matmul is None: return "PyTorch"
-    return getattr(loaded.matmul.value, "summary", None) or loaded.matmul.implementation.summary
+    impl, value, passed_over = loaded.matmul
+    text = getattr(value, "summary", None) or impl.summary
+    if loaded.weight_dtype == loaded.dtype: return text  # exact weights: nothing to explain
+    return f"{text} ({'; '.join([f'matmul {impl.name}', *passed_over, '--dtype float32 for exact float32 weights'])})"
 
 
 def attention_summary(engine: Engine) -> str:
@@ -86,13 +91,21 @@ def eos_ids(loaded: LoadedModel, tokenizer: Tokenizer) -> set[int]:
     return tokenizer.eos_token_ids | set(loaded.config.eos_token_ids)
 
 
+def paired_kv_pages(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    "config with kv_cache_dtype `auto` made the KV pages the chosen matmul pairs with, where it names some."
+    paired = loaded.matmul.value.kv_dtype if loaded.matmul else None
+    if config.kv_cache_dtype != AUTO or paired is None: return config
+    return replace(config, kv_cache_dtype=str(paired).removeprefix("torch."))
+
+
 def local_launch(model, dtype, device, config: EngineConfig) -> Launch:
     "The `local` executor: one process, the whole model, and an engine whose KV pool fills the budget."
     if config.world_size > 1:
         raise NotApplicable(f"the local executor runs one process; {config.world_size} ranks need 'multiprocess'")
     loaded = load_model(model, dtype=dtype, device=device, matmul=config.matmul)
     tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
-    return Launch(loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config), "one process")
+    engine = Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), paired_kv_pages(config, loaded))
+    return Launch(loaded, tokenizer, engine, "one process")
 
 
 LOCAL_EXECUTOR = Implementation("executor", "local", local_launch, priority=0, summary="one process")
