@@ -326,8 +326,9 @@ class _KVSettings(_BatchSettings):
     kv_cache_bytes: int | None = setting(None, "the KV pool's budget in bytes, e.g. `2e9`", at_least=1,
                                          shown="2 GiB on CPU, 90% of free GPU memory")
     kv_cache_dtype: str = setting(
-        AUTO, "the KV pages' element: `auto` (the model's dtype: float32 on a CPU), `float32`, `float16` (half the "
-        "bytes attention reads and twice the tokens a budget holds) or `bfloat16`", choices=KV_CACHE_DTYPES)
+        AUTO, "the KV pages' element: `auto` (the model's dtype, or the pages the chosen matmul pairs with: float16 "
+        "beside bfloat16 products on a CPU), `float32`, `float16` (half the bytes attention reads and twice the "
+        "tokens a budget holds) or `bfloat16`", choices=KV_CACHE_DTYPES)
     kv_reservation: str = setting(
         "on-demand", "`on-demand`: admission takes pages for the prompt and decode takes one more when its last "
         "page fills; when none is left the newest running request is preempted (swapped to the host tier if it "
@@ -351,11 +352,10 @@ class EngineConfig(_KVSettings):
         "FlashAttention on CUDA, else `torch`), or a registered name (an explicit one that cannot run is an error "
         "that says why)", choices="attention")
     matmul: str = setting(
-        AUTO, "the projections' matmuls: `auto` (float16-stored weights multiplied in float32 by the C kernel, else "
-        "fbgemm, on a CPU; `dtype=float32` keeps exact weights, pre-packed for oneDNN), or a registered name; the "
-        "opt-in `c-bf16` multiplies bfloat16 weights with float32 sums on AMX tiles (or AVX512-BF16, "
-        "`HELIOS_BF16_ISA=avx512-bf16`), next-token log-probabilities within 0.08 of float32's on SmolLM2",
-        choices="matmul")
+        AUTO, "the projections' matmuls: `auto` (on a CPU with native bfloat16, AMX or AVX512-BF16: `c-bf16`, "
+        "bfloat16 weights and products with float32 sums, beside float16 KV pages; elsewhere float16-stored weights "
+        "multiplied in float32 by the C kernel, else fbgemm; `dtype=float32` keeps exact weights, pre-packed for "
+        "oneDNN), or a registered name", choices="matmul")
     tensor_parallel_size: int = setting(
         1, "ranks that split every layer: heads (and their KV cache), MLP columns, vocabulary rows, experts",
         at_least=1, flags=("--tensor-parallel-size", "-tp"))

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import weakref
+from dataclasses import replace
 from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import torch
@@ -26,14 +27,14 @@ from .scheduler import QueueFull
 from .speculative import ngram_drafter_factory
 from .structured import TokenGrammars
 from .tokenizer import Tokenizer, load_tokenizer
-from .registry import Implementation, NotApplicable, choose
+from .registry import AUTO, Implementation, NotApplicable, choose
 from .weights import LoadedModel, load_model
 
 _T = TypeVar("_T")
 
 # %% auto #0
 __all__ = ['LOCAL_EXECUTOR', 'on_fresh_thread', 'matmul_summary', 'attention_summary', 'runner_summary', 'Launch', 'eos_ids',
-           'engine_plugins', 'local_launch', 'LLM', 'settings_signature']
+           'engine_plugins', 'paired_kv_pages', 'local_launch', 'LLM', 'settings_signature']
 
 # %% ../nbs/12_llm.ipynb #65af2cf2
 def on_fresh_thread(fn: Callable[[], _T]) -> _T:
@@ -50,9 +51,13 @@ def on_fresh_thread(fn: Callable[[], _T]) -> _T:
 
 # %% ../nbs/12_llm.ipynb #cce1acd6
 def matmul_summary(loaded: LoadedModel) -> str:
-    "How the start-up line names the model's matmuls."
+    """How the start-up line names the model's matmuls: the implementation and, where `auto` rounded the weights,
+    why it passed over the better-ranked ones and how to keep them exact."""
     if loaded.matmul is None: return "PyTorch"
-    return getattr(loaded.matmul.value, "summary", None) or loaded.matmul.implementation.summary
+    impl, value, passed_over = loaded.matmul
+    text = getattr(value, "summary", None) or impl.summary
+    if loaded.weight_dtype == loaded.dtype: return text  # exact weights: nothing to explain
+    return f"{text} ({'; '.join([f'matmul {impl.name}', *passed_over, '--dtype float32 for exact float32 weights'])})"
 
 
 def attention_summary(engine: Engine) -> str:
@@ -93,14 +98,22 @@ def engine_plugins(config: EngineConfig) -> dict:
     return dict(constraints=TokenGrammars, drafter_factory=ngram_drafter_factory(config))
 
 
+def paired_kv_pages(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    "config with kv_cache_dtype `auto` made the KV pages the chosen matmul pairs with, where it names some."
+    paired = loaded.matmul.value.kv_dtype if loaded.matmul else None
+    if config.kv_cache_dtype != AUTO or paired is None: return config
+    return replace(config, kv_cache_dtype=str(paired).removeprefix("torch."))
+
+
 def local_launch(model, dtype, device, config: EngineConfig) -> Launch:
     "The `local` executor: one process, the whole model, and an engine whose KV pool fills the budget."
     if config.world_size > 1:
         raise NotApplicable(f"the local executor runs one process; {config.world_size} ranks need 'multiprocess'")
     loaded = load_model(model, dtype=dtype, device=device, matmul=config.matmul)
     tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
-    return Launch(loaded, tokenizer, Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config,
-                                                   **engine_plugins(config)), "one process")
+    config = paired_kv_pages(config, loaded)
+    engine = Engine.create(loaded.model, tokenizer, eos_ids(loaded, tokenizer), config, **engine_plugins(config))
+    return Launch(loaded, tokenizer, engine, "one process")
 
 
 LOCAL_EXECUTOR = Implementation("executor", "local", local_launch, priority=0, summary="one process")

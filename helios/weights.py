@@ -130,6 +130,7 @@ class LinearFactory(NamedTuple):
     make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
     weight_dtype: torch.dtype | None  # how the replaced weights are stored (None: as loaded)
     summary: str | None = None        # how the start-up line names what was built (None: the implementation's summary)
+    kv_dtype: torch.dtype | None = None  # the KV pages it pairs with under kv_cache_dtype=auto (None: the model's dtype)
 
 
 def _replaceable(w) -> bool:

@@ -1,4 +1,4 @@
-"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, an opt-in bfloat16 matmul on AMX tiles, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c` and `c-bf16` matmuls.
+"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c` and `c-bf16` matmuls.
 
 Docs: https://helios-engine.github.io/helios/kernels.html.md"""
 
@@ -48,8 +48,8 @@ def c_compiler() -> list[str] | None:
 # %% auto #0
 __all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
            'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags',
-           'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'check_whole_library', 'build_kernels',
-           'load_built']
+           'native_bf16', 'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'check_whole_library',
+           'build_kernels', 'load_built']
 
 # %% ../../nbs/92_kernels.ipynb #c3a8cc4c
 ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
@@ -99,7 +99,7 @@ def compile_flags(isa: str | None = None) -> list[str]:
     return ["-O3", "-shared", "-fPIC", "-Wno-psabi", *isa_flags(isa)]
 
 # %% ../../nbs/92_kernels.ipynb #d676a88d
-MATMUL_BF16_SOURCES = ("matmul_bf16.c",)  # the opt-in bfloat16 matmul, a library of its own
+MATMUL_BF16_SOURCES = ("matmul_bf16.c",)  # the bfloat16 matmul, a library of its own
 BF16_VARIANTS = {  # its variants, widest first: what each adds to the avx512 variant's flags
     "amx": ("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-DBF16_AMX"),
     "avx512-bf16": ("-mavx512bf16",),
@@ -107,12 +107,17 @@ BF16_VARIANTS = {  # its variants, widest first: what each adds to the avx512 va
 _BF16_NEEDS = {"amx": {"amx_tile", "amx_bf16", "avx512_bf16"}, "avx512-bf16": {"avx512_bf16"}}
 
 
+def native_bf16(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    "The bfloat16 variants this CPU multiplies in hardware, widest first: what /proc/cpuinfo lists (None: read it)."
+    flags = cpu_flags() if flags is None else flags
+    return tuple(v for v, needs in _BF16_NEEDS.items() if flags is not None and needs | _ISA_NEEDS["avx512"] <= flags)
+
+
 def bf16_variant(flags: frozenset[str] | None = None, requested: str | None = None) -> str:
     """The bfloat16 matmul's variant for this CPU: `amx` where /proc/cpuinfo lists AMX's tiles and their bfloat16
     products, else `avx512-bf16` where it lists AVX512-BF16 (each on top of the avx512 variant's needs).
     $HELIOS_BF16_ISA (or `requested`) picks avx512-bf16 on an AMX CPU; KernelUnavailable where neither runs."""
-    flags = cpu_flags() if flags is None else flags
-    runs = [v for v, needs in _BF16_NEEDS.items() if flags is not None and needs | _ISA_NEEDS["avx512"] <= flags]
+    runs = native_bf16(flags)
     requested = requested or os.environ.get("HELIOS_BF16_ISA") or (runs[0] if runs else None)
     if requested is not None and requested not in BF16_VARIANTS:
         raise ValueError(f"HELIOS_BF16_ISA must be one of {', '.join(BF16_VARIANTS)}, got {requested!r}")

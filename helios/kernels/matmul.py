@@ -84,7 +84,7 @@ def c_matmul(device: torch.device, exact: bool) -> LinearFactory:
 C_MATMUL = Implementation("matmul", "c", c_matmul, 30, "C, float16 weights")
 
 # %% ../../nbs/92_kernels.ipynb #21392e73
-from .build import BF16_VARIANTS, MATMUL_BF16_SOURCES, KernelUnavailable, bf16_variant
+from .build import BF16_VARIANTS, MATMUL_BF16_SOURCES, KernelUnavailable, bf16_variant, native_bf16
 
 
 def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -118,13 +118,15 @@ class CBf16Linear(CHalfLinear):
 
 # %% ../../nbs/92_kernels.ipynb #beaf0259
 def c_bf16_matmul(device: torch.device, exact: bool) -> LinearFactory:
-    """The `c-bf16` matmul (opt-in): bfloat16 panels for every linear, multiplied by `matmul_bf16` (AMX or
-    AVX512-BF16) with float32 sums; KernelUnavailable where this CPU has neither or the kernel cannot build."""
+    """The `c-bf16` matmul: bfloat16 panels for every linear, multiplied by `matmul_bf16` (AMX or AVX512-BF16) with
+    float32 sums, beside float16 KV pages; not applicable where this CPU has neither, KernelUnavailable where the
+    kernel cannot build."""
     if exact: raise NotApplicable("the bfloat16 matmul rounds the weights to bfloat16, and they must stay as loaded")
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")
+    if not native_bf16(): raise NotApplicable("this CPU has no native bfloat16 products (AMX-BF16 or AVX512-BF16)")
     matmul = matmul_bf16_kernel()
     return LinearFactory(lambda weight, bias=None: CBf16Linear(weight, bias, matmul), torch.bfloat16,
-                         f"C, bfloat16 weights and products, float32 sums, {matmul.isa}")
+                         f"C, bfloat16 products, float32 sums, {matmul.isa} on this CPU", kv_dtype=torch.float16)
 
 
-C_BF16_MATMUL = Implementation("matmul", "c-bf16", c_bf16_matmul, None, "C, bfloat16 products")
+C_BF16_MATMUL = Implementation("matmul", "c-bf16", c_bf16_matmul, 40, "C, bfloat16 products")

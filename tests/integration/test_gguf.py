@@ -130,7 +130,8 @@ def test_smollm2_greedy_matches_transformers(smollm2, smollm2_reference):
 
 @torch.no_grad()
 def test_smollm2_default_cpu_weights_match_transformers(smollm2, smollm2_gguf, smollm2_reference):
-    "The default load (float16-stored weights, float32 arithmetic) gives transformers' float32 greedy tokens."
+    """The default load (bfloat16 products with float32 sums where the CPU has them, else float16-stored weights with
+    float32 arithmetic) gives transformers' float32 greedy tokens."""
     assert_chats_match_transformers(load_model(smollm2_gguf, device="cpu").model, smollm2.tokenizer, smollm2_reference)
 
 

@@ -57,8 +57,8 @@ def test_the_pytorch_backend_reads_float16_pages_with_float32_queries(decode_onl
 
 @pytest.fixture(scope="module")
 def half_llm(smollm2_gguf):
-    with LLM(smollm2_gguf, kv_cache_dtype="float16", quiet=True, kv_cache_bytes=TEST_KV_BYTES, max_batch_size=8,
-             prefill_chunk_size=96) as llm:
+    with LLM(smollm2_gguf, kv_cache_dtype="float16", matmul="c", quiet=True, kv_cache_bytes=TEST_KV_BYTES,
+             max_batch_size=8, prefill_chunk_size=96) as llm:
         yield llm
 
 
@@ -68,7 +68,7 @@ def test_an_engine_with_float16_pages_runs_its_layers_in_c_and_holds_twice_the_t
     backend = half_llm.engine.runner.backend
     assert isinstance(backend, CKernels) and backend.kv_dtype == torch.float16
     assert backend.layers.layer_weights(half_llm.model.model.layers[0]) is not None  # one C call per layer
-    with LLM(smollm2_gguf, quiet=True, kv_cache_bytes=TEST_KV_BYTES) as full:
+    with LLM(smollm2_gguf, quiet=True, kv_cache_bytes=TEST_KV_BYTES, kv_cache_dtype="float32", matmul="c") as full:
         assert half_llm.stats().num_pages in (2 * full.stats().num_pages, 2 * full.stats().num_pages + 1)  # (rounding down)
 
 
@@ -81,7 +81,7 @@ def test_each_request_gets_its_tokens_alone_and_stays_near_float32_pages(half_ll
     assert [o.outputs[0].token_ids for o in half_llm.generate(prompts, greedy)] == alone  # batched, chunked, cached
     assert half_llm.stats().prefix_hit_tokens > 0
     one = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
-    with LLM(smollm2_gguf, quiet=True, kv_cache_bytes=TEST_KV_BYTES) as full:
+    with LLM(smollm2_gguf, quiet=True, kv_cache_bytes=TEST_KV_BYTES, kv_cache_dtype="float32", matmul="c") as full:
         reference = [o.outputs[0].logprobs[0] for o in full.generate(prompts, one)]
     for got, want in zip((o.outputs[0].logprobs[0] for o in half_llm.generate(prompts, one)), reference):
         assert got.top[0][0] == want.top[0][0] and abs(got.logprob - want.logprob) < 0.02

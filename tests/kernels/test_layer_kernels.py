@@ -387,7 +387,7 @@ def test_the_cpu_default_c_everywhere_gives_the_tokens_of_pytorch_on_the_same_we
     for attention in ("auto", "torch"):
         with LLM(tiny_folder, device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES, max_batch_size=4,
                  prefill_chunk_size=64, page_size=16, attention=attention,
-                 matmul="auto" if attention == "auto" else "fbgemm") as llm:
+                 matmul="c" if attention == "auto" else "fbgemm") as llm:
             assert matmul_kind(llm.model) is (CHalfLinear if attention == "auto" else HalfWeightLinear)
             if attention == "auto":
                 backend = llm.engine.runner.backend

@@ -1,6 +1,7 @@
-"""The opt-in bfloat16 matmul (appendix 92's `CBf16Linear`, the `c-bf16` matmul): each variant this CPU runs equals the
+"""The bfloat16 matmul (appendix 92's `CBf16Linear`, the `c-bf16` matmul): each variant this CPU runs equals the
 exact product of the bfloat16-rounded inputs to float32 rounding, a row's bits never depend on the rows beside it, the
-engine gives each request the tokens it gets alone, and the variant is chosen from the CPU's flags."""
+engine gives each request the tokens it gets alone, the variant is chosen from the CPU's flags, and `auto` takes it
+where the CPU multiplies bfloat16 natively."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,13 +89,32 @@ def test_the_variant_comes_from_the_cpu_flags(monkeypatch):
         bf16_variant(AMX_FLAGS)
 
 
-def test_it_is_an_opt_in_that_auto_never_takes(monkeypatch):
-    assert choose("matmul", device=CPU, exact=False).implementation.name != "c-bf16"
+def test_auto_takes_it_where_the_cpu_multiplies_bf16_and_never_for_exact_weights(monkeypatch):
+    "auto: c-bf16 on a CPU with AMX or AVX512-BF16 (with float16 KV pages), the float16-weight `c` on an AVX2 one."
+    chosen = choose("matmul", device=CPU, exact=False)
+    assert (chosen.implementation.name == "c-bf16") == bool(VARIANTS)
+    if VARIANTS: assert chosen.value.kv_dtype == torch.float16 and chosen.value.weight_dtype == torch.bfloat16
     with pytest.raises(Unavailable, match="must stay as loaded"):
         choose("matmul", "c-bf16", device=CPU, exact=True)
+    assert choose("matmul", device=CPU, exact=True).implementation.name != "c-bf16"  # --dtype float32: exact
     monkeypatch.setattr("helios.kernels.build.cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
-    with pytest.raises(Unavailable, match="this CPU lists neither"):  # an AVX2-only CPU: refused, with the reason
+    with pytest.raises(Unavailable, match="no native bfloat16 products"):  # an AVX2-only CPU: refused, with the reason
         choose("matmul", "c-bf16", device=CPU, exact=False)
+    chosen = choose("matmul", device=CPU, exact=False)  # and passed over without a warning, the reason kept
+    assert chosen.implementation.name != "c-bf16" and any("no native bfloat16" in r for r in chosen.passed_over)
+
+
+@needs_bf16
+def test_the_default_llm_runs_it_with_float16_pages_and_says_so(smollm2_gguf, monkeypatch, capsys):
+    for name in ("HELIOS_MATMUL", "HELIOS_KV_CACHE_DTYPE", "HELIOS_BF16_ISA"): monkeypatch.delenv(name, raising=False)
+    with LLM(smollm2_gguf, kv_cache_bytes=TEST_KV_BYTES) as llm:
+        assert llm.engine.kv.k.dtype == torch.float16 and isinstance(llm.model.lm_head, CBf16Linear)
+    line = capsys.readouterr().err
+    assert f"{SHOWN_AS[VARIANTS[0]]} on this CPU (matmul c-bf16; --dtype float32 for exact float32 weights)" in line
+    with LLM(smollm2_gguf, kv_cache_bytes=TEST_KV_BYTES, kv_cache_dtype="float32", quiet=True) as llm:
+        assert llm.engine.kv.k.dtype == torch.float32  # an explicit kv_cache_dtype wins
+    with LLM(smollm2_gguf, dtype="float32", kv_cache_bytes=TEST_KV_BYTES, quiet=True) as llm:
+        assert llm.engine.kv.k.dtype == torch.float32 and not any(isinstance(m, CHalfLinear) for m in llm.model.modules())
 
 
 @pytest.fixture(scope="module")

@@ -269,8 +269,8 @@ def test_head_and_get_on_health_answer_without_a_key(server):
 
 @pytest.fixture(scope="module")
 def tiny_llm(tiny_folder):
-    from helios import LLM
-    with LLM(tiny_folder, quiet=True, kv_cache_bytes=2**20, page_size=64) as llm:
+    from helios import LLM  # float32 pages: the 1 MiB pool holds 1,024 tokens, which the limits below are written for
+    with LLM(tiny_folder, quiet=True, kv_cache_bytes=2**20, page_size=64, kv_cache_dtype="float32") as llm:
         yield llm
 
 

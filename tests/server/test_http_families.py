@@ -16,7 +16,8 @@ def served(request, tmp_path_factory, smollm2_gguf):
     tok.backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
-    server = Server("--model", str(folder), "--served-model-name", "tiny", "--kv-cache-bytes", str(8 << 20))
+    server = Server("--model", str(folder), "--served-model-name", "tiny", "--kv-cache-bytes", str(8 << 20),
+                    "--dtype", "float32")  # the tests compare with the float32 reference
     yield folder, server
     assert server.stop() == 0
 

@@ -14,7 +14,7 @@ PAGE_BYTES = PAGE * 2 * 2 * 2 * 32 * 4  # the tiny checkpoint: 2 layers, 2 KV he
 def server(tiny_folder):
     s = Server("--model", str(tiny_folder), "--served-model-name", "tiny", "--page-size", str(PAGE),
                "--kv-cache-bytes", str(8 * PAGE_BYTES), "--kv-offload-bytes", str(16 * PAGE_BYTES),
-               "--max-batch-size", "8", "--prefill-chunk-size", "64")
+               "--max-batch-size", "8", "--prefill-chunk-size", "64", "--kv-cache-dtype", "float32")  # PAGE_BYTES' pages
     yield s
     assert s.stop() == 0
 

@@ -17,7 +17,8 @@ from conftest import real_text
 def server(tiny_folder):
     # 1 MiB of KV = 16 pages of 64 tokens: a budget (1,024 tokens) below the context (2,048)
     s = Server("--model", str(tiny_folder), "--served-model-name", "tiny", "--page-size", "64",
-               "--kv-cache-bytes", str(1 << 20), "--max-batch-size", "16", "--prefill-chunk-size", "256")
+               "--kv-cache-bytes", str(1 << 20), "--max-batch-size", "16", "--prefill-chunk-size", "256",
+               "--kv-cache-dtype", "float32")  # float32 pages: the 16 above
     yield s
     assert s.stop() == 0
 
