@@ -44,6 +44,8 @@ TERMS = (
     term("kv-cache", r"KV[ -]cache"),
     term("gated-delta-rule", r"gated delta rule"),
     term("linear-attention", r"linear[ -]attention"),
+    term("sparse-attention", r"sparse attention"),
+    term("lightning-indexer", r"lightning indexers?"),
     term("hybrid-model", r"hybrid models?"),
     term("host-tier", r"host tier"),
     term("cuda-graph", r"CUDA graphs?"),
