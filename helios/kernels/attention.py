@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_KERNELS', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'CKernels', 'c_kernels']
+__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'C_KERNELS', 'C_BLOCKED', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'CKernels', 'c_kernels']
 
 # %% ../../nbs/92_kernels.ipynb #2af2ed82
 import ctypes
@@ -60,6 +60,20 @@ class DecodeAttention:
     def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
                lens: torch.Tensor) -> torch.Tensor:
         "One query per row against its first lens[r] tokens. q: [R, Hq, D], tables: [R, n] -> [R, Hq, D]."
+        self.check_inputs(q, k_pages, v_pages)
+        if not (tables.dtype == lens.dtype == torch.int64 and tables.stride(1) == 1 and lens.is_contiguous()
+                and tables.shape[0] == lens.shape[0] == q.shape[0] and tables.device == lens.device == q.device):
+            raise ValueError("the kernel reads one row of int64 page table and one int64 length per query")
+        head_dim = self.shape[2]
+        q, out = q.contiguous(), torch.empty_like(q, memory_format=torch.contiguous_format)
+        failed = self._kernel(q.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), tables.data_ptr(), tables.stride(0),
+                              lens.data_ptr(), out.data_ptr(), q.shape[0], k_pages.shape[1], head_dim ** -0.5,
+                              torch.get_num_threads())
+        if failed: raise MemoryError("the C decode kernel could not allocate its scores")
+        return out
+
+    def check_inputs(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor):
+        "ValueError unless q: [R, Hq, D] float32 and pages [P, page_size, Hkv, D] of the shape and dtype built for."
         num_heads, num_kv_heads, head_dim = self.shape
         if q.shape[1:] != (num_heads, head_dim) or k_pages.shape[2:] != (num_kv_heads, head_dim):
             raise ValueError(f"the kernel was built for {num_heads} query and {num_kv_heads} KV heads of {head_dim}, "
@@ -68,15 +82,6 @@ class DecodeAttention:
                 and v_pages.is_contiguous()):
             raise ValueError(f"the kernel reads contiguous float32 queries and {self.kv_dtype} pages, got {q.dtype} "
                              f"queries and {k_pages.dtype} pages")
-        if not (tables.dtype == lens.dtype == torch.int64 and tables.stride(1) == 1 and lens.is_contiguous()
-                and tables.shape[0] == lens.shape[0] == q.shape[0] and tables.device == lens.device == q.device):
-            raise ValueError("the kernel reads one row of int64 page table and one int64 length per query")
-        q, out = q.contiguous(), torch.empty_like(q, memory_format=torch.contiguous_format)
-        failed = self._kernel(q.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), tables.data_ptr(), tables.stride(0),
-                              lens.data_ptr(), out.data_ptr(), q.shape[0], k_pages.shape[1], head_dim ** -0.5,
-                              torch.get_num_threads())
-        if failed: raise MemoryError("the C decode kernel could not allocate its scores")
-        return out
 
 # %% ../../nbs/92_kernels.ipynb #k92025aa
 class LayerOps:
@@ -237,6 +242,32 @@ def checked_rows(rows, n: int) -> torch.Tensor:
     if len(rows) > n: raise IndexError(f"{len(rows)} rows asked of a tick of {n} tokens; the layer returns at most {n}")
     return torch.where(rows < 0, rows + n, rows)
 
+# %% ../../nbs/92_kernels.ipynb #b1f0a002
+from ..attention.base import gather_sequence
+from ..model.attention import sdpa_attention
+
+QUERY_TILE = 512  # queries per SDPA call: the causal blocks after a tile's last query are skipped, tile by tile
+PREFILL_BLOCKED_MIN = 8  # a chunk's new tokens from which `c-blocked` takes it: below, rows cost little either way
+
+
+def blocked_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor, context: int,
+                    scale: float | None = None) -> torch.Tensor:
+    """One sequence's n new queries q: [n, Hq, D], the last n of its `context` tokens, over its pages
+    [P, page_size, Hkv, D] by table, causal, in query tiles -> [n, Hq, D] float32."""
+    n = q.shape[0]
+    k, v = gather_sequence(k_pages, v_pages, table, context, q.dtype)          # [context, Hkv, D]
+    out = q.new_empty(n, q.shape[1], v.shape[-1])
+    for start in range(0, n, QUERY_TILE):
+        end = min(n, start + QUERY_TILE)
+        keys = context - n + end                                                # the tile's last query sees these
+        out[start:end] = sdpa_attention(q[None, start:end], k[None, :keys], v[None, :keys], scale)[0]
+    return out
+
+
+def prefill_rows(batch: PagedBatch, at_least: int = PREFILL_BLOCKED_MIN) -> list[int]:
+    "The sequences of the tick whose chunk has at least `at_least` new tokens: blocked_prefill's."
+    return [i for i, n in enumerate(batch.query_lens) if n >= at_least]
+
 # %% ../../nbs/92_kernels.ipynb #k92046aa
 class CKernels(AttentionBackend):
     """The C attention backend: one loaded library, and three ways of using it, each the fallback of the one before:
@@ -244,8 +275,9 @@ class CKernels(AttentionBackend):
     name = "C kernels"
 
     def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int, one_call_layers: bool = True,
-                 kv_dtype: torch.dtype = torch.float32):
+                 kv_dtype: torch.dtype = torch.float32, prefill_min: int | None = None):
         self.library, self.shape, self.kv_dtype = library, (num_heads, num_kv_heads, head_dim), kv_dtype
+        self.prefill_min = prefill_min  # chunks of this many new tokens go to blocked_prefill (None: none do)
         lib = ctypes.CDLL(str(library))
         self.attention = DecodeAttention(lib, self.shape, kv_dtype)
         self.ops = LayerOps(lib, self.shape, kv_dtype)
@@ -253,8 +285,25 @@ class CKernels(AttentionBackend):
 
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                  scale: float | None = None) -> torch.Tensor:
-        "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]."
-        return self.attention(q, k_pages, v_pages, batch, scale)
+        "q: [1, N, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] -> [1, N, Hq, D]: long chunks blocked, the rest rows."
+        blocked = self.prefill_seqs(batch)
+        if not blocked: return self.attention(q, k_pages, v_pages, batch, scale)
+        check_default_scale(scale, q.shape[-1])
+        self.attention.check_inputs(q[0], k_pages, v_pages)
+        out, row = torch.empty_like(q), torch.ones(q.shape[1], dtype=torch.bool)  # row[t]: token t is a decode row
+        for i in blocked:
+            start, n = batch.query_starts[i], batch.query_lens[i]
+            out[0, start:start + n] = blocked_prefill(q[0, start:start + n], k_pages, v_pages, batch.page_tables[i],
+                                                      batch.context_lens[i], scale)
+            row[start:start + n] = False
+        if row.any():
+            tables, lens = self.attention.token_rows(batch)
+            out[0, row] = self.decode(q[0, row], k_pages, v_pages, tables[row], lens[row])
+        return out
+
+    def prefill_seqs(self, batch: PagedBatch) -> list[int]:
+        "The tick's sequences whose chunks blocked_prefill takes (none when prefill_min is None)."
+        return [] if self.prefill_min is None else prefill_rows(batch, self.prefill_min)
 
     def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
                lens: torch.Tensor) -> torch.Tensor:
@@ -263,8 +312,10 @@ class CKernels(AttentionBackend):
 
     def run_layer(self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKV,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
-        "One C call where the layer can be one, else the ten calls, else the model's own forward (its attention in C)."
-        out = None if self.layers is None else self.layers.run(layer, x, cos, sin, kv, rows)
+        """One C call where the layer can be one, else the ten calls, else the model's own forward (its attention in C).
+        A tick with a long prompt chunk takes the ten calls: their attention is this backend's, blocked for the chunk."""
+        one_call = self.layers is not None and not self.prefill_seqs(kv.batch)
+        out = self.layers.run(layer, x, cos, sin, kv, rows) if one_call else None
         if out is None: out = self.ops.run(layer, x, cos, sin, kv, rows)
         return super().run_layer(layer, x, cos, sin, kv, rows) if out is None else out
 
@@ -273,12 +324,16 @@ class CKernels(AttentionBackend):
         return {} if self.layers is None else self.layers.measured_s()
 
 # %% ../../nbs/92_kernels.ipynb #k92047aa
+from functools import partial
+
 from ..registry import Implementation, NotApplicable
 
 
-def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dtype = torch.float32, **_) -> CKernels:
+def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dtype = torch.float32,
+              prefill_min: int | None = None, **_) -> CKernels:
     """The C kernels built for this model's attention shape and K/V dtype (float32 or float16 pages), for float32
-    queries (`dtype`, the model's); NotApplicable off the CPU or for other dtypes."""
+    queries (`dtype`, the model's); NotApplicable off the CPU or for other dtypes. prefill_min: chunks of this many new
+    tokens go to blocked_prefill (None: every token is a row)."""
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
     if dtype != torch.float32: raise NotApplicable(f"the C kernels compute in float32, not {dtype}")
     if kv_dtype not in (torch.float32, torch.float16):
@@ -288,7 +343,10 @@ def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dty
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
     half = kv_dtype == torch.float16
     return load_built(lambda rebuild: build_kernels(*shape, rebuild=rebuild, kv_half=half),
-                      lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, kv_dtype=kv_dtype))
+                      lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, kv_dtype=kv_dtype,
+                                                       prefill_min=prefill_min))
 
 
 C_KERNELS = Implementation("attention", "c", c_kernels, 30, CKernels.name)
+C_BLOCKED = Implementation("attention", "c-blocked", partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN), None,
+                           "C kernels, blocked prefill")
