@@ -42,6 +42,7 @@ from .structured import (GrammarMatcher, GrammarViolation, MaskRow, TickMasks, T
                                append_token, fill_token_masks)
 from .tokenizer import Tokenizer
 from .registry import Implementation, choose
+from .families import family_names, load_family
 
 _log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ _log = logging.getLogger(__name__)
 __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'InboxMessage', 'ModelRunner', 'build_model_runner', 'compile_layers', 'SubmitRequest',
            'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
            'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine',
-           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
+           'check_servable', 'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
 class ModelRunner:
@@ -295,9 +296,17 @@ class Engine:
         self._stats = self._snapshot()
 
 # %% ../nbs/11_engine.ipynb #c3eb4e0d
+def check_servable(cfg) -> None:
+    "A ValueError in one line when the config's family says the engine cannot serve it yet (chapter 04's `Family`)."
+    if cfg.architecture not in family_names(): return  # a model built by hand, of no registered family
+    reason = load_family(cfg.architecture).engine_unsupported
+    if reason: raise ValueError(f"{cfg.architecture} models cannot be served: {reason}")
+
+
 @patch(cls_method=True)
 def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig) -> Engine:
     "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
+    check_servable(model.config)
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
     memory = None

@@ -99,17 +99,25 @@ class CausalLM(nn.Module):
         "The weights' floating-point type (the embedding table's)."
         return self.model.embed_tokens.weight.dtype
 
+    def rope_table(self, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        "cos, sin [B, T, 1, D/2] at positions [B, T] for one RoPE base (the config's own: the `inv_freq` buffer)."
+        inv_freq = self.inv_freq if theta == self.config.rope_theta else rope_inv_freq(
+            self.config.head_dim, theta, self.config.rope_scaling).to(self.inv_freq.device)
+        return rope_cos_sin(positions, inv_freq, self.rope_factor)
+
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,
                       rows: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         """Final normed hidden states: input_ids, positions [B, T] -> [B, T, hidden], or [B, N, hidden] at the
         indices `rows` [N] of T (the last layer computes only those). `run_layer(layer, x, cos, sin, kv, rows)`
         runs each layer (None: `call_layer`, the layer's own forward)."""
         run_layer = run_layer or call_layer
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_factor)
+        thetas = [self.config.rope_theta_of(i) for i in range(len(self.model.layers))]
+        tables = {theta: self.rope_table(positions, theta) for theta in dict.fromkeys(thetas)}  # one per base
         x = self.model.embed_tokens(input_ids)
+        if self.config.embed_scale != 1.0: x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = run_layer(layer, x, cos, sin, kv, rows if i == last else None)
+            x = run_layer(layer, x, *tables[thetas[i]], kv, rows if i == last else None)
         return self.model.norm(x)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,
