@@ -1,9 +1,4 @@
-"""A small, readable, fast LLM inference engine: Qwen3 and Llama, paged KV cache, continuous batching, an OpenAI-style server.
-
-Modules:
-
-- `helios.model.gemma3`: A second family on real weights: Google's Gemma 3 270M read from a Q4_K_M GGUF, its SentencePiece tokenizer rebuilt from the file's metadata, and a decoder whose local layers attend to a window of 512 tokens."""
-
+"""Helios: a small, readable LLM inference engine."""
 __version__ = "0.1.0"
 
 import importlib
