@@ -128,6 +128,18 @@ def kv_bytes_per_token(self: ModelConfig, dtype_bytes: int) -> int:
 
 
 @patch
+def rope_theta_of(self: ModelConfig, layer_idx: int) -> float:
+    "The RoPE base this layer rotates with: `rope_theta` for every layer, unless a family's layer kinds differ."
+    return self.rope_theta
+
+
+@patch(as_prop=True)
+def embed_scale(self: ModelConfig) -> float:
+    "What the model multiplies the token embeddings by before the first layer: 1, unless a family scales them."
+    return 1.0
+
+
+@patch
 def is_sparse(self: ModelConfig, layer_idx: int) -> bool:
     "Does this layer's MLP send tokens to experts? Never in a dense model."
     return False

@@ -39,6 +39,7 @@ from .sampling import (MASK_BITS, Completion, InvalidParam, SampledToken, Sampli
 from .scheduler import MAX_PRIORITY, Drafter, QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
 from .tokenizer import Tokenizer
 from .registry import Implementation, choose
+from .families import family_names, load_family
 
 _log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ConstraintsFactory', 'DrafterFactory
            'build_model_runner', 'compile_layers', 'ConstraintViolation', 'TokenConstraint', 'TickMasks',
            'TokenConstraints', 'allocate_token_masks', 'append_token', 'SubmitRequest', 'CancelRequest', 'InspectCache',
            'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes',
-           'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine', 'warm_up_batch_sizes', 'WarmUp',
-           'warm_up_forwards', 'cache_report']
+           'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine', 'check_servable',
+           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
 class ModelRunner:
@@ -362,10 +363,18 @@ def _plug_in(self: Engine, constraints: ConstraintsFactory | None, drafter_facto
 
 
 # %% ../nbs/11_engine.ipynb #c3eb4e0d
+def check_servable(cfg) -> None:
+    "A ValueError in one line when the config's family says the engine cannot serve it yet (chapter 04's `Family`)."
+    if cfg.architecture not in family_names(): return  # a model built by hand, of no registered family
+    reason = load_family(cfg.architecture).engine_unsupported
+    if reason: raise ValueError(f"{cfg.architecture} models cannot be served: {reason}")
+
+
 @patch(cls_method=True)
 def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig,
            constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None) -> Engine:
     "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
+    check_servable(model.config)
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
     memory = None

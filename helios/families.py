@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Callable, Iterable, NamedTuple
 
+import numpy as np
+
 from .config import ModelConfig
 from .model.qwen3 import LayerFactory
 
@@ -26,6 +28,10 @@ class GGUFReading(NamedTuple):
     config: Callable[[dict, Callable, frozenset[str]], ModelConfig] | None = None  # (fields, get, tensor names);
                                # None: ModelConfig(**fields), the shared fields alone
     rope_permuted: bool = False  # the converter permuted q/k rows for llama.cpp's RoPE (llama)
+    tensor_name: Callable[[str], str] | None = None  # a llama.cpp tensor name -> its Hugging Face name;
+                               # None: the table of the families above (`hf_tensor_name`)
+    tensor_values: Callable[[str, np.ndarray], np.ndarray] | None = None  # (Hugging Face name, float32 values) ->
+                               # the values a Hugging Face checkpoint holds there; None: as the file stores them
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class Family:
     attention_shapes: Callable[[ModelConfig, str], Shapes] | None = None  # (cfg, "model.layers.3.") -> the
                                                               # attention tensors to check; None: GQA's projections
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
+    engine_unsupported: str | None = None                     # why the paged engine cannot serve this family yet
+                                                              # (the model still loads and runs); None: it can
 
 # %% ../nbs/04_weights.ipynb #bde9a658
 def family_names() -> tuple[str, ...]:

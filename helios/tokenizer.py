@@ -22,9 +22,10 @@ from .formats.gguf import GGUFFile, gguf_field
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT', 'LLAMA3_SPLIT', 'QWEN2_SPLIT', 'CONTROL_TOKEN', 'USER_DEFINED_TOKEN', 'PRE_TOKENIZERS',
-           'REPLACEMENT_CHAR', 'ChatTemplateError', 'chat_template_environment', 'compile_chat_template',
-           'template_variables', 'Tokenizer', 'validate_messages', 'template_messages', 'tokenizer_from_folder',
-           'tokenizer_from_gguf', 'load_tokenizer', 'IncrementalDetokenizer']
+           'GGUF_TOKENIZER_GROUP', 'REPLACEMENT_CHAR', 'ChatTemplateError', 'chat_template_environment',
+           'compile_chat_template', 'template_variables', 'Tokenizer', 'validate_messages', 'template_messages',
+           'tokenizer_from_folder', 'tokenizer_from_gguf', 'gguf_tokenizer_reader', 'load_tokenizer',
+           'IncrementalDetokenizer']
 
 # %% ../nbs/05_tokenizer.ipynb #9ff2cb22
 class ChatTemplateError(ValueError):
@@ -295,11 +296,25 @@ def tokenizer_from_gguf(reader: GGUFFile) -> Tokenizer:
                       tokens[bos_id] if bos_id is not None else None, tokens[eos_id] if eos_id is not None else None)
 
 
+# %% ../nbs/05_tokenizer.ipynb #c302c448
+from importlib.metadata import entry_points
+from typing import Callable
+
+GGUF_TOKENIZER_GROUP = "helios.gguf_tokenizer"  # entry points: tokenizer.ggml.model = "module:function(reader)"
+
+
+def gguf_tokenizer_reader(kind) -> Callable[[GGUFFile], Tokenizer]:
+    "The reader of a GGUF tokenizer of this `tokenizer.ggml.model`: the one registered for it, else `tokenizer_from_gguf`."
+    found = [ep for ep in entry_points(group=GGUF_TOKENIZER_GROUP) if ep.name == kind]
+    return found[0].load() if found else tokenizer_from_gguf
+
+
 def load_tokenizer(path: str | Path, gguf_reader: GGUFFile | None = None) -> Tokenizer:
     "The tokenizer of a checkpoint folder or GGUF file (pass an already open GGUF reader to reuse it)."
     path = Path(path)
     if path.suffix != ".gguf": return tokenizer_from_folder(path)
-    return tokenizer_from_gguf(gguf_reader or GGUFFile(path))
+    reader = gguf_reader or GGUFFile(path)
+    return gguf_tokenizer_reader(gguf_field(reader, "tokenizer.ggml.model"))(reader)
 
 # %% ../nbs/05_tokenizer.ipynb #408d5107
 REPLACEMENT_CHAR = "\ufffd"

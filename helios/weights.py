@@ -278,7 +278,7 @@ def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int
             raise ModelFileError(file, f"tensor {name} has shape {list(got)}, but {config_file.name} implies {list(shape)}")
 
 # %% ../nbs/04_weights.ipynb #59cd4ead
-from .formats.gguf import GGUFFile, config_from_gguf, gguf_tensor_shapes, load_gguf_tensors
+from .formats.gguf import GGUFFile, config_from_gguf, gguf_tensor_naming, gguf_tensor_shapes, load_gguf_tensors
 from .formats.hf import safetensors_shapes
 
 
@@ -306,7 +306,9 @@ def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: t
                  select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32; `select` keeps
     only part of them. Every shape is checked against the config before any tensor is read."""
-    if reader is not None: check_tensor_shapes(cfg, {n: (path, s) for n, s in gguf_tensor_shapes(reader).items()}, path)
+    if reader is not None:
+        shapes = gguf_tensor_shapes(reader, gguf_tensor_naming(cfg))
+        check_tensor_shapes(cfg, {n: (path, s) for n, s in shapes.items()}, path)
     else: check_tensor_shapes(cfg, safetensors_shapes(path), path / "config.json")
     float32 = load_family(cfg.architecture).float32_tensors
     if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, float32, select)

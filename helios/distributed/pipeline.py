@@ -17,7 +17,6 @@ from fastcore.basics import patch
 from ..attention.base import AttentionBackend, PagedKV, Timer
 from ..kv.batch import build_paged_batch, logit_indices
 from ..kv.pool import KVPool
-from ..model.attention import rope_cos_sin
 from ..model.qwen3 import CausalLM
 from .groups import WAIT_FOREVER, Communicator, Groups
 
@@ -101,11 +100,11 @@ class StageRunner:
                  rows: torch.Tensor | None) -> torch.Tensor | None:
         "The stage's layers: ids [N] or x [1, N, hidden] -> x for the next stage, or logits [R, vocab] (tp rank 0)."
         m, last_stage = self.model, self.layout.last_stage
-        cos, sin = rope_cos_sin(positions[None], m.inv_freq, m.rope_factor)
-        if x is None: x = m.model.embed_tokens(ids[None])
+        tables = m.rope_tables(positions[None], range(len(m.model.layers)))  # the stage's config numbers its layers
+        if x is None: x = m.embed(ids[None])
         last = len(m.model.layers) - 1
         for i, layer in enumerate(m.model.layers):  # as the backend runs a layer (the C kernels: their ten calls)
-            x = self.backend.run_layer(layer, x, cos, sin, kv, rows if last_stage and i == last else None)
+            x = self.backend.run_layer(layer, x, *tables[i], kv, rows if last_stage and i == last else None)
         if not last_stage: return x
         logits = m.lm_head(m.model.norm(x))
         return None if logits is None else logits[0]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_shapes', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_naming', 'gguf_tensor_shapes', 'load_gguf_tensors']
 
 # %% ../../nbs/04_weights.ipynb #2d518522
 import functools
@@ -14,7 +14,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -310,11 +310,16 @@ def can_dequantize(kind) -> bool:
     return True
 
 
-def gguf_tensor_shapes(reader: GGUFFile) -> dict[str, tuple[int, ...]]:
+def gguf_tensor_naming(cfg: ModelConfig) -> Callable[[str], str]:
+    "How this config's family names a llama.cpp tensor: its own `GGUFReading.tensor_name`, or the shared table."
+    return load_family(cfg.architecture).gguf.tensor_name or hf_tensor_name
+
+
+def gguf_tensor_shapes(reader: GGUFFile, tensor_name: Callable[[str], str] = hf_tensor_name) -> dict[str, tuple[int, ...]]:
     "Each tensor's Hugging Face name and shape, once every name has a place in the model and every type can be dequantized."
     shapes = {}
     for t in reader.tensors:
-        try: name = hf_tensor_name(t.name)
+        try: name = tensor_name(t.name)
         except ValueError as e: raise ModelFileError(reader.path, str(e)) from None
         if not can_dequantize(t.ggml_type):
             raise ModelFileError(reader.path, f"tensor {t.name!r} is stored as {t.ggml_type.name}, which Helios cannot dequantize")
@@ -327,15 +332,17 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
     """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),
     cast to dtype (names ending in keep_float32: float32). `select(name, shape)` (a `TensorSelector`) keeps part of
     a tensor, or none of it; each tensor is dequantized whole, one at a time."""
-    gguf_tensor_shapes(reader)  # every name and type checked before anything is dequantized
-    tensors, permuted = {}, load_family(cfg.architecture).gguf.rope_permuted
+    reading, tensor_name = load_family(cfg.architecture).gguf, gguf_tensor_naming(cfg)
+    gguf_tensor_shapes(reader, tensor_name)  # every name and type checked before anything is dequantized
+    tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing gguf", unit="tensor", disable=None):
-        name = hf_tensor_name(t.name)
+        name = tensor_name(t.name)
         index = None if select is None else select(name, tuple(t.shape))
         if select is not None and index is None: continue
         w = dequantize_tensor(t)
-        if permuted and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+        if reading.rope_permuted and t.name.split(".")[-2] in ("attn_q", "attn_k"):
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
+        if reading.tensor_values is not None: w = reading.tensor_values(name, w)
         if index is not None: w = w[index]
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
         tensors[name] = torch.from_numpy(w).to(device, torch.float32 if name.endswith(keep_float32) else dtype)

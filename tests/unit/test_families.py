@@ -57,7 +57,7 @@ def test_the_built_in_families_are_registered():
     assert gguf_family("qwen3moe").name == "qwen3_moe"
     with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; Helios runs .*deepseek_v2.*qwen3_moe"):
         load_family("gpt2")
-    with pytest.raises(ValueError, match=r"GGUF architecture 'gpt2' is not supported; Helios reads llama, qwen3, qwen3moe"):
+    with pytest.raises(ValueError, match=r"GGUF architecture 'gpt2' is not supported; Helios reads gemma3, llama, qwen3, qwen3moe"):
         gguf_family("gpt2")
 
 
