@@ -1,5 +1,4 @@
-"""A second family on real weights: Google's Gemma 3 270M read from a Q4_K_M GGUF, its SentencePiece tokenizer
-rebuilt from the file's metadata, and a decoder whose local layers attend to a window of 512 tokens.
+"""A second family on real weights: Google's Gemma 3 270M read from a Q4_K_M GGUF, its SentencePiece tokenizer rebuilt from the file's metadata, and a decoder whose local layers attend to a window of 512 tokens.
 
 Docs: https://helios-engine.github.io/helios/gemma3.html.md"""
 
