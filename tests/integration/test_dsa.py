@@ -150,6 +150,7 @@ def run_engine(model, tokenizer, num_pages: int, **config):
     while engine.step(): engine.pages.check_invariants()
     stats = engine.stats()
     assert stats.num_used_pages == 0 and stats.num_running == 0
+    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages  # no page leaked
     return [h.result().token_ids for h in handles], stats
 
 
