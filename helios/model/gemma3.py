@@ -228,7 +228,7 @@ GEMMA3_END_OF_TURN = "<end_of_turn>"
 
 
 def gemma3_tokenizer(reader: GGUFFile) -> Tokenizer:
-    "Chapter 05's `Tokenizer` over the GGUF's SentencePiece vocabulary, with Gemma's chat template unless the file has one."
+    "Chapter 05's `Tokenizer` over a GGUF's SentencePiece vocabulary; a gemma3 file without a template gets Gemma's."
     field = lambda key, default=None, kind=None: gguf_field(reader, f"tokenizer.ggml.{key}", default, kind)
     if field("model") != "llama":
         raise ModelFileError(reader.path, f"GGUF tokenizer model {field('model')!r:.60} is not SentencePiece ('llama')")
@@ -240,9 +240,10 @@ def gemma3_tokenizer(reader: GGUFFile) -> Tokenizer:
         raise ModelFileError(reader.path, f"token ids {bad or ids} must be within the vocabulary of {len(tokens):,}")
     bos_id = ids["bos"] if field("add_bos_token", True, bool) else None
     backend = sentencepiece_backend(tokens, types, bos_id, ids["unknown"])
+    gemma = gguf_field(reader, "general.architecture", None, str) == "gemma3"   # Gemma's turns for Gemma only
     template = gguf_field(reader, "tokenizer.chat_template", None, str)
-    template = template or (files("helios") / "templates" / GEMMA3_CHAT_TEMPLATE).read_text()
-    eos_ids = {ids["eos"], backend.token_to_id(GEMMA3_END_OF_TURN)} - {None}
+    if template is None and gemma: template = (files("helios") / "templates" / GEMMA3_CHAT_TEMPLATE).read_text()
+    eos_ids = {ids["eos"], backend.token_to_id(GEMMA3_END_OF_TURN) if gemma else None} - {None}
     bos, eos = (tokens[ids[k]] if ids[k] is not None else None for k in ("bos", "eos"))
     return Tokenizer(backend, template, frozenset(eos_ids), bos, eos)
 

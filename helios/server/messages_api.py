@@ -16,7 +16,7 @@ from typing import Annotated, Any, AsyncIterator, Literal, Union
 
 from fastapi import FastAPI, Request
 from fastcore.basics import patch
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, ValidationError,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
 from ..llm import LLM
@@ -26,8 +26,8 @@ from .chat import ChatDeltas, ChatShape, RenderedChat, chat_grammar, render_chat
 from .errors import APIError, validation_error
 from .jobs import ABORTED, Job
 from .metrics import ServerMetrics
-from .protocol import (MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS, ChatCompletionRequest, Finite, Name,
-                                    sampling_params)
+from .protocol import (MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS, ChatCompletionRequest, Finite,
+                                    JSONInt, Name, json_int, sampling_params)
 from .streams import merged
 from .responses import sse_json
 from ..tokenizer import Tokenizer
@@ -187,7 +187,7 @@ class Thinking(BaseModel):
     "Whether the model reasons first: `enabled` (with a budget), `disabled`, or `adaptive` (the template's default)."
     model_config = _STRICT
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    budget_tokens: json_int(ge=1) | None = None
 
     @model_validator(mode="after")
     def _budget_when_enabled(self):
@@ -252,11 +252,11 @@ class CountTokensRequest(BaseModel):
 
 class MessagesRequest(CountTokensRequest):
     "POST /v1/messages."
-    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    max_tokens: json_int(ge=1)
     stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: Finite | None = None      # older SDKs and raw clients send the sampling fields; today's SDK
     top_p: Finite | None = None            # has no argument for them (extra_body still sends them)
-    top_k: StrictInt | None = None
+    top_k: JSONInt | None = None
     stream: StrictBool | None = None
     metadata: dict[str, Any] | None = None               # {"user_id": ...}: accepted, not used
     service_tier: Literal["auto", "standard_only"] | None = None   # one tier here

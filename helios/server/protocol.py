@@ -5,14 +5,15 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'SERVER_SAMPLING', 'ROLES', 'ROLE_RULES', 'UNSUPPORTED', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ignored', 'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'unknown_field', 'parse_body', 'sampling_params']
+__all__ = ['DEFAULT_COMPLETION_MAX_TOKENS', 'DEFAULT_CHAT_MAX_TOKENS', 'MAX_PROMPTS', 'MAX_PROMPT_TOKEN_IDS', 'MAX_MESSAGES', 'MAX_STOP_STRINGS', 'MAX_LOGIT_BIAS', 'MAX_JSON_NODES', 'JSON_STRING', 'Finite', 'JSONInt', 'TokenId', 'TokenIds', 'StopText', 'Prompt', 'Stop', 'NAME_PATTERN', 'MAX_TOOLS', 'MAX_TOOL_CALLS', 'MAX_TEMPLATE_KWARGS', 'TEMPLATE_KWARG_NAME', 'RESERVED_TEMPLATE_KWARGS', 'Name', 'ToolChoice', 'TemplateKwargs', 'SERVER_SAMPLING', 'ROLES', 'ROLE_RULES', 'UNSUPPORTED', 'SAMPLING_FIELDS', 'check_structure', 'documented', 'integral', 'json_int', 'prompt_form', 'JSONSchemaFormat', 'ResponseFormat', 'FunctionDefinition', 'ToolDefinition', 'FunctionName', 'NamedToolChoice', 'check_template_kwargs', 'StreamOptions', 'CompletionRequest', 'TextPart', 'FunctionCall', 'ToolCallMessage', 'ChatMessage', 'ignored', 'ChatCompletionRequest', 'sent', 'TokenizeRequest', 'DetokenizeRequest', 'unknown_field', 'parse_body', 'sampling_params']
 
 # %% ../../nbs/13_server.ipynb #ed3b2d67
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag,
-                      ValidationError, ValidationInfo, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
+                      StrictInt, Tag, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from ..sampling import MAX_LOGPROBS, InvalidParam, SamplingParams, shown
 from .errors import APIError, validation_error
@@ -49,8 +50,21 @@ def documented(**bounds) -> Field:
     return Field(json_schema_extra=bounds)
 
 
+def integral(value):
+    "A number with no fraction as the int it is (JSON Schema's rule: 3.0 is the integer 3); anything else unchanged."
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]   # a JSON number: no NaN, Infinity, true or "1"
-TokenId = Annotated[StrictInt, Field(ge=0)]                          # JSON integers: never 1.5, true or "1"
+
+
+def json_int(**bounds):
+    "An integer field: 3, or 3.0 (JSON Schema's integers), within pydantic's bounds (ge, le); never 3.5, true or a string."
+    return Annotated[StrictInt, Field(**bounds), BeforeValidator(integral)]   # the bounds on the int: in the spec
+
+
+JSONInt = json_int()
+TokenId = json_int(ge=0)
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKEN_IDS, fail_fast=True)]
 StopText = Annotated[str, documented(minLength=1)]
 
@@ -173,7 +187,7 @@ class StreamOptions(BaseModel):
 
 def _ranged_field(r: Range) -> tuple:
     "A JSON number (or integer) that may be null, with its range documented; SamplingParams enforces it."
-    return Annotated[StrictInt if r.integer else Finite, documented(**r.schema())] | None, None
+    return Annotated[JSONInt if r.integer else Finite, documented(**r.schema())] | None, None
 
 
 SERVER_SAMPLING = ("max_tokens", "logprobs")  # SamplingParams fields the server decides from more than the body
@@ -188,7 +202,7 @@ class _SamplingFields(_RangedFields):
     model_config = ConfigDict(extra="forbid")   # a misspelt field is a 400 (parse_body), not silently a default
     # every field may be null, which means its default (SamplingParams' own), as OpenAI's API reads it
     model: str | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=_RANGES["max_tokens"].low)] | None = None
+    max_tokens: json_int(ge=_RANGES["max_tokens"].low) | None = None
     stop: Stop | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: StrictBool | None = None
@@ -199,7 +213,7 @@ class _SamplingFields(_RangedFields):
                           Field(max_length=MAX_LOGIT_BIAS), documented(propertyNames={"pattern": "^[0-9]{1,20}$"})] | None = None
     response_format: ResponseFormat | None = None
     timings: StrictBool | None = None   # an extension: per-request timings in the response (see "Timings")
-    priority: Annotated[StrictInt, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None  # vLLM's: lower runs first
+    priority: json_int(ge=-MAX_PRIORITY, le=MAX_PRIORITY) | None = None  # vLLM's: lower runs first
 
     @property
     def num_sequences(self) -> int: return self.n or 1
@@ -214,8 +228,8 @@ class _SamplingFields(_RangedFields):
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
     echo: StrictBool | None = None
-    logprobs: Annotated[StrictInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
-    best_of: Annotated[StrictInt, Field(ge=1)] | None = None   # OpenAI's; only n itself: no completion is ranked
+    logprobs: Annotated[JSONInt, documented(minimum=0, maximum=MAX_LOGPROBS)] | None = None
+    best_of: json_int(ge=1) | None = None   # OpenAI's; only n itself: no completion is ranked
     suffix: str | None = None                                  # OpenAI's; refused, nothing is inserted
 
     @model_validator(mode="after")
@@ -287,7 +301,7 @@ class ChatMessage(BaseModel):
     role: Literal[ROLES]
     tool_calls: Annotated[list[ToolCallMessage], Field(max_length=MAX_TOOL_CALLS)] | None = None
     tool_call_id: str | None = None
-    content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
+    content: Annotated[str | Annotated[list[TextPart], documented(minItems=1)] | None, Field(validate_default=True)] = None
     # OpenAI's other message fields, and the reasoning this server returns, replayed by clients: not rendered
     name: str | None = None
     refusal: str | None = None
@@ -374,9 +388,9 @@ class _OpenAIChatFields(_SamplingFields):
 # %% ../../nbs/13_server.ipynb #1df167b9
 class ChatCompletionRequest(_OpenAIChatFields):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: json_int(ge=1) | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: json_int(ge=0, le=MAX_LOGPROBS) | None = None
     tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -429,12 +443,18 @@ class ChatCompletionRequest(_OpenAIChatFields):
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
 # %% ../../nbs/13_server.ipynb #728841a1
+def sent(field: str) -> dict:
+    "For the OpenAPI spec: a body that holds this field, and not as null (`null` means absent, as everywhere)."
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
 class TokenizeRequest(BaseModel):
     "POST /tokenize, as vLLM has it: a prompt, or chat messages rendered as a chat completion would render them."
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={   # for the OpenAPI spec; _one_input enforces it
+        "oneOf": [sent("prompt"), sent("messages")]})
     model: str | None = None
     prompt: str | None = None
-    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES), documented(minItems=1)] | None = None
     add_generation_prompt: StrictBool | None = None    # messages only; default true
     add_special_tokens: StrictBool | None = None       # default: true for a prompt, false for messages (the template's)
     tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None

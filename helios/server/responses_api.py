@@ -20,7 +20,7 @@ from typing import Annotated, Any, AsyncIterator, Literal, NamedTuple, Union
 from fastapi import FastAPI, Request
 from fastcore.basics import patch
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
-                      StrictInt, Tag, ValidationError, WithJsonSchema, field_validator, model_validator)
+                      Tag, ValidationError, WithJsonSchema, field_validator, model_validator)
 
 from ..engine import RequestOutput
 from ..llm import LLM
@@ -32,7 +32,7 @@ from .errors import ERROR_RESPONSES, APIError, validation_error
 from .jobs import ABORTED, Job
 from .metrics import ServerMetrics
 from .protocol import (DEFAULT_CHAT_MAX_TOKENS, MAX_MESSAGES, MAX_TOOLS, ChatCompletionRequest, Finite,
-                                    Name, sampling_params)
+                                    Name, documented, json_int, sampling_params, sent)
 from .streams import merged
 from .responses import sse_json
 
@@ -73,7 +73,7 @@ def check_text_parts(content):
     return content
 
 
-Content = Annotated[Union[str, list[TextContent]], BeforeValidator(check_text_parts)]
+Content = Annotated[Union[str, Annotated[list[TextContent], documented(minItems=1)]], BeforeValidator(check_text_parts)]
 
 
 def joined(content: str | list[TextContent]) -> str:
@@ -243,12 +243,12 @@ class ResponseStreamOptions(BaseModel):
 class ResponsesRequest(BaseModel):
     "POST /v1/responses: OpenAI's fields that a local engine can honour; any other field is a 400."
     model_config = ConfigDict(extra="forbid", json_schema_extra={   # for the OpenAPI spec; _some_input enforces it
-        "anyOf": [{"required": ["input"]}, {"required": ["previous_response_id"]}]})
+        "anyOf": [sent("input"), sent("previous_response_id")]})
     model: str | None = None
     input: Input | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_output_tokens: json_int(ge=1) | None = None
     temperature: Finite | None = None
     top_p: Finite | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None

@@ -132,7 +132,9 @@ HOSTILE = [
      "temperature"),
     ("stream as a string", "/v1/completions", {"prompt": "hi", "stream": "yes"}, {}, 400, ["valid boolean"], "stream"),
     ("prompt token id out of the vocabulary", "/v1/completions", {"prompt": [1, 10**12]}, {}, 400, ["vocabulary"], None),
-    ("prompt token id 1.0", "/v1/completions", {"prompt": [1, 1.0]}, {}, 400, ["valid integer"], "prompt[1]"),
+    ("prompt token id 1.5", "/v1/completions", {"prompt": [1, 1.5]}, {}, 400, ["valid integer"], "prompt[1]"),
+    ("n as a string", "/v1/completions", {"prompt": "hi", "n": "2"}, {}, 400, ["valid integer"], "n"),
+    ("max_tokens true", "/v1/completions", {"prompt": "hi", "max_tokens": True}, {}, 400, ["valid integer"], "max_tokens"),
     ("prompt token id negative", "/v1/completions", {"prompt": [1, -1]}, {}, 400, ["greater than or equal to 0"], "prompt[1]"),
     ("more sequences than the wait list", "/v1/completions", {"prompt": ["a"] * 40, "n": 2}, {}, 400, ["wait list"], "n"),
     ("a text longer than any context", "/v1/completions", {"prompt": "x" * 700_000}, {}, 400, ["characters"], "prompt"),
@@ -173,6 +175,8 @@ ACCEPTED = [  # odd but legal: accepted and completed
                                                  "presence_penalty": None, "repetition_penalty": None, "user": None}),
     ("repetition_penalty 0.01", {"prompt": "hi", "repetition_penalty": 0.01, "temperature": 0.5, "max_tokens": 4}),
     ("stop token id 2**40", {"prompt": "hi", "stop_token_ids": [2**40], "max_tokens": 4}),
+    ("integers written with a fraction of zero (JSON Schema's integers)", {"prompt": [1, 2.0], "n": 2.0, "max_tokens": 4.0,
+                                                                           "top_k": 5.0, "seed": 7.0, "temperature": 1}),
     ("response_format json_object", {"prompt": "hi", "response_format": {"type": "json_object"}, "max_tokens": 4}),
     ("a JSON schema of 2,000 required properties", {"prompt": "hi", "max_tokens": 4, "response_format": {
         "type": "json_schema", "json_schema": {"name": "wide", "schema": {
