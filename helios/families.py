@@ -47,6 +47,8 @@ class Family:
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
     engine_unsupported: str | None = None                     # why the paged engine cannot serve this family yet
                                                               # (the model still loads and runs); None: it can
+    replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
+                                                              # tensor-parallel rank holds whole: the family's own parts
 
 # %% ../nbs/04_weights.ipynb #bde9a658
 def family_names() -> tuple[str, ...]:

@@ -52,6 +52,12 @@ FAMILIES = {
                                              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=4,
                                              topk_group=2, rope_scaling=dict(rope_type="yarn", factor=4.0,
                                              original_max_position_embeddings=256, mscale=1.0, mscale_all_dim=1.0))),
+    # DSA: V3's attention and experts, and an indexer of 16 heads keeping 6 tokens per query (prompts run longer)
+    "deepseek_v32": ("DeepseekV32Config", dict(num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=8,
+                                               num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                               first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48,
+                                               qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=4,
+                                               topk_group=2, index_n_heads=16, index_head_dim=16, index_topk=6)),
 }
 
 

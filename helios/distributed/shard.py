@@ -22,6 +22,7 @@ from ..model.layers import SwiGLUMLP
 from ..model.mla import MLAModelConfig, mla_state_dict
 from ..model.moe import Experts, MoEModelConfig, Routing, grouped_matmul, stack_experts
 from ..model.qwen3 import CausalLM, stack_projections
+from ..families import load_family
 from ..weights import layer_factory
 from .groups import Communicator, ParallelLayout
 
@@ -89,9 +90,8 @@ ALL = (slice(None),)
 
 
 def tensor_selector(cfg: ModelConfig, shard: Shard):
-    """The `TensorSelector` of chapter 04 for one rank: the rows or columns of each checkpoint tensor it holds, or
-    None for tensors of other stages and other ranks' experts. A tensor no rule names is an error, never replicated
-    by accident."""
+    """The `TensorSelector` of chapter 04 for one rank: the rows or columns of each tensor it holds, or None for other
+    stages' tensors and other ranks' experts. A tensor no rule names is an error, never replicated by accident."""
     m, hd = cfg.mla if isinstance(cfg, MLAModelConfig) else None, cfg.head_dim
     q_rows = m.qk_head_dim if m else hd                         # rows of one query head in q_proj / q_b_proj
     o_cols = m.v_head_dim if m else hd                          # columns of one head in o_proj
@@ -110,8 +110,8 @@ def tensor_selector(cfg: ModelConfig, shard: Shard):
              (r"self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.(weight|bias)", ALL),  # small, and every head needs them
              (r"self_attn\.o_proj\.bias", ALL),                  # added by tp rank 0 only (zeroed elsewhere)
              (r"mlp\.gate\.(weight|e_score_correction_bias)", ALL)]  # the router scores every expert
-    vocab = rows(shard.vocab)
-    tied = cfg.tie_word_embeddings
+    vocab, tied = rows(shard.vocab), cfg.tie_word_embeddings
+    replicated = load_family(cfg.architecture).replicated_tensors   # a later family's parts that every rank holds
 
     def select(name: str, shape: tuple[int, ...]):
         if name == "model.embed_tokens.weight": return vocab if shard.first_stage or (tied and shard.last_stage) else None
@@ -125,6 +125,7 @@ def tensor_selector(cfg: ModelConfig, shard: Shard):
         if expert: return ALL if int(expert[1]) in shard.experts else None
         for pattern, index in rules:
             if re.fullmatch(pattern, part): return index
+        if any(re.fullmatch(pattern, part) for pattern in replicated): return ALL
         raise ValueError(f"no rule says how to split {name!r} across ranks")
     return select
 

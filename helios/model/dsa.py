@@ -227,4 +227,5 @@ def dsa_attention_shapes(cfg: DSAModelConfig, layer: str) -> Iterator[tuple[str,
 
 
 DEEPSEEK_V32 = Family("deepseek_v32", dsa_config_from_hf, dsa_layer, adapt_state_dict=deepseek_state_dict,
-                      attention_shapes=dsa_attention_shapes, float32_tensors=ROUTER_TENSORS)
+                      attention_shapes=dsa_attention_shapes, float32_tensors=ROUTER_TENSORS,
+                      replicated_tensors=(r"self_attn\.indexer\..+",))  # tensor parallel: every rank picks alike
