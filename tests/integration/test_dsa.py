@@ -6,10 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from _engine_runs import GREEDY, PAGE, run_engine
 from conftest import PEAKED_INIT_RANGE, transformers_greedy
-from helios import SamplingParams
-from helios.config import EngineConfig
-from helios.engine import Engine
 from helios.families import load_family
 from helios.model.dsa import DEEPSEEK_V32, DSAModelConfig, DSAttention
 from helios.reference import KVCache, decode_one_token, generate, prefill
@@ -129,10 +127,6 @@ def test_chunked_prefill_and_decode_equal_one_forward(tiny):
         assert (torch.stack(logits, dim=1) - whole[:, 9:]).abs().max() < 1e-4
 
 
-PAGE = 8
-GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
 def engine_prompts() -> list[list[int]]:
     "Six prompts: three share a 2-page prefix; lengths cross page and chunk boundaries and TOPK many times."
     shared = [(5 * j) % 200 + 3 for j in range(2 * PAGE)]
@@ -140,30 +134,17 @@ def engine_prompts() -> list[list[int]]:
     return [shared + own[i] if i < 3 else own[i] for i in range(6)]
 
 
-def run_engine(model, tokenizer, num_pages: int, **config):
-    settings = dict(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0)
-    engine = Engine(model, tokenizer, frozenset(), EngineConfig(**{**settings, **config}), num_pages)
-    first, *rest = engine_prompts()
-    handles = [engine.submit(first, GREEDY)]  # alone first: its prefix blocks are cached when the others arrive
-    while engine.step(): engine.pages.check_invariants()
-    handles += [engine.submit(p, GREEDY) for p in rest]
-    while engine.step(): engine.pages.check_invariants()
-    stats = engine.stats()
-    assert stats.num_used_pages == 0 and stats.num_running == 0
-    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages  # no page leaked
-    return [h.result().token_ids for h in handles], stats
-
-
 def test_the_engine_gives_each_request_its_tokens_alone(tiny, smollm2_gguf):
     alone = [generate(tiny.ours, p, GREEDY.max_tokens) for p in engine_prompts()]
-    outs, stats = run_engine(tiny.ours, load_tokenizer(smollm2_gguf), num_pages=64)
-    assert outs == alone
+    outs, stats = run_engine(tiny.ours, load_tokenizer(smollm2_gguf), engine_prompts(), num_pages=64)
+    assert [o.token_ids for o in outs] == alone
     assert stats.prefix_hit_tokens >= 2 * 2 * PAGE  # the shared prefix was read from the cache, not recomputed
 
 
 def test_a_pool_too_small_preempts_and_still_gives_the_same_tokens(tiny, smollm2_gguf):
     alone = [generate(tiny.ours, p, GREEDY.max_tokens) for p in engine_prompts()]
     host = 12 * PAGE * tiny.ours.config.kv_bytes_per_token(4)
-    outs, stats = run_engine(tiny.ours, load_tokenizer(smollm2_gguf), num_pages=10, kv_offload_bytes=host)
-    assert outs == alone
+    outs, stats = run_engine(tiny.ours, load_tokenizer(smollm2_gguf), engine_prompts(), num_pages=10,
+                             kv_offload_bytes=host)
+    assert [o.token_ids for o in outs] == alone
     assert stats.num_preemptions > 0

@@ -1,19 +1,16 @@
-"""Qwen3-MoE and the DeepSeek-V2/V3 family (latent attention, experts) through the whole engine: paged, batched,
-chunked, prefix-cached, preempted; every request gets the tokens it gets alone, and no page leaks."""
+"""Qwen3-MoE and the DeepSeek family (latent attention, experts, V3.2's sparse attention) through the whole engine:
+paged, batched, chunked, prefix-cached, preempted; every request gets the tokens it gets alone, and no page leaks."""
 import pytest
 import torch
 
+from _engine_runs import GREEDY, PAGE, run_engine
 from conftest import FAMILIES, save_family
-from helios import SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine
-from helios.llm import engine_plugins
 from helios.reference import generate
 from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
 
-PAGE = 8
-GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -29,25 +26,10 @@ def prompts():
     return [shared + own[i] if i < 4 else own[i] for i in range(8)]
 
 
-def run(model, tokenizer, num_pages, **config):
-    settings = dict(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0)
-    engine_config = EngineConfig(**{**settings, **config})
-    engine = Engine(model, tokenizer, frozenset(), engine_config, num_pages, **engine_plugins(engine_config))
-    first, *rest = prompts()
-    handles = [engine.submit(first, GREEDY)]  # alone first: its prefix blocks are cached when the others arrive
-    while engine.step(): engine.pages.check_invariants()
-    handles += [engine.submit(p, GREEDY) for p in rest]
-    while engine.step(): engine.pages.check_invariants()
-    stats = engine.stats()
-    assert stats.num_used_pages == 0 and stats.num_running == 0
-    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages
-    return [h.result() for h in handles], stats
-
-
 def test_the_engine_gives_each_request_its_tokens_alone(family):
     name, model, tokenizer = family
     alone = [generate(model, p, GREEDY.max_tokens) for p in prompts()]
-    outs, stats = run(model, tokenizer, num_pages=64)
+    outs, stats = run_engine(model, tokenizer, prompts(), num_pages=64)
     assert [o.token_ids for o in outs] == alone
     assert stats.prefix_hit_tokens >= 3 * 2 * PAGE  # the shared prefix was read from the cache, not recomputed
 
@@ -56,7 +38,7 @@ def test_a_pool_too_small_preempts_and_still_gives_the_same_tokens(family):
     name, model, tokenizer = family
     alone = [generate(model, p, GREEDY.max_tokens) for p in prompts()]
     host = 12 * PAGE * model.config.kv_bytes_per_token(4)
-    outs, stats = run(model, tokenizer, num_pages=12, kv_offload_bytes=host)
+    outs, stats = run_engine(model, tokenizer, prompts(), num_pages=12, kv_offload_bytes=host)
     assert [o.token_ids for o in outs] == alone
     assert stats.num_preemptions > 0
 
@@ -66,7 +48,7 @@ def test_speculative_decoding_gives_the_same_tokens(family):
     name, model, tokenizer = family
     alone = [generate(model, p, GREEDY.max_tokens) for p in prompts()]
     host = 12 * PAGE * model.config.kv_bytes_per_token(4)
-    outs, stats = run(model, tokenizer, num_pages=12, kv_offload_bytes=host, speculative="ngram",
+    outs, stats = run_engine(model, tokenizer, prompts(), num_pages=12, kv_offload_bytes=host, speculative="ngram",
                       speculative_ngram_min=1)
     assert [o.token_ids for o in outs] == alone
     assert stats.num_draft_tokens > 0 and stats.num_preemptions > 0
@@ -75,7 +57,7 @@ def test_speculative_decoding_gives_the_same_tokens(family):
 def test_float16_pages_give_each_request_its_tokens_alone(family):
     "Keys, values and latents cached in float16 (kv_cache_dtype), read by PyTorch's attention: batched as alone."
     name, model, tokenizer = family
-    outs, _ = run(model, tokenizer, num_pages=64, kv_cache_dtype="float16")
+    outs, _ = run_engine(model, tokenizer, prompts(), num_pages=64, kv_cache_dtype="float16")
     for prompt, out in zip(prompts(), outs):
         engine = Engine(model, tokenizer, frozenset(), EngineConfig(page_size=PAGE, kv_cache_dtype="float16"), 16)
         assert engine.kv.k.dtype == torch.float16

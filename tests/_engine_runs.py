@@ -1,0 +1,25 @@
+"""The engine run the family tests share: the first prompt alone (its prefix pages are then cached), the rest
+batched after it, the pool's invariants checked after every step, and no page leaked at the end."""
+from helios import SamplingParams
+from helios.config import EngineConfig
+from helios.engine import Engine
+from helios.llm import engine_plugins
+
+PAGE = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def run_engine(model, tokenizer, prompts: list[list[int]], num_pages: int, **config):
+    "Each request's output and the engine's stats; small pages and chunks, so every prompt crosses both."
+    settings = dict(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0)
+    engine_config = EngineConfig(**{**settings, **config})
+    engine = Engine(model, tokenizer, frozenset(), engine_config, num_pages, **engine_plugins(engine_config))
+    first, *rest = prompts
+    handles = [engine.submit(first, GREEDY)]  # alone first: its prefix blocks are cached when the others arrive
+    while engine.step(): engine.pages.check_invariants()
+    handles += [engine.submit(p, GREEDY) for p in rest]
+    while engine.step(): engine.pages.check_invariants()
+    stats = engine.stats()
+    assert stats.num_used_pages == 0 and stats.num_running == 0
+    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages  # no page leaked
+    return [h.result() for h in handles], stats
