@@ -49,6 +49,8 @@ class Family:
                                                               # (the model still loads and runs); None: it can
     replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
                                                               # tensor-parallel rank holds whole: the family's own parts
+    checkpoint_name: Callable[[str], str | None] | None = None  # a file's tensor name -> the text model's Hugging
+                                                              # Face name, or None: not read; None: names as they are
 
 # %% ../nbs/04_weights.ipynb #bde9a658
 def family_names() -> tuple[str, ...]:

@@ -306,13 +306,15 @@ def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: t
                  select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32; `select` keeps
     only part of them. Every shape is checked against the config before any tensor is read."""
+    family = load_family(cfg.architecture)
     if reader is not None:
         shapes = gguf_tensor_shapes(reader, gguf_tensor_naming(cfg))
         check_tensor_shapes(cfg, {n: (path, s) for n, s in shapes.items()}, path)
-    else: check_tensor_shapes(cfg, safetensors_shapes(path), path / "config.json")
-    float32 = load_family(cfg.architecture).float32_tensors
-    if reader is not None: return load_gguf_tensors(reader, cfg, dtype, device, float32, select)
-    return load_safetensors(path, dtype, device, float32, select)
+        return load_gguf_tensors(reader, cfg, dtype, device, family.float32_tensors, select)
+    rename = family.checkpoint_name or (lambda name: name)   # a multimodal folder: its text model's tensors only
+    shapes = {rename(n): found for n, found in safetensors_shapes(path).items() if rename(n) is not None}
+    check_tensor_shapes(cfg, shapes, path / "config.json")
+    return load_safetensors(path, dtype, device, family.float32_tensors, select, family.checkpoint_name)
 
 
 def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:

@@ -92,20 +92,23 @@ TensorSelector = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]  #
 
 # %% ../../nbs/04_weights.ipynb #0314bb97
 def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, keep_float32: tuple[str, ...] = (),
-                     select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
+                     select: TensorSelector | None = None,
+                     rename: Callable[[str], str | None] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in
-    keep_float32: float32). `select(name, shape)` reads only part of a tensor (a rank's shard), or none of it."""
+    keep_float32: float32). `select(name, shape)` reads only part of a tensor (a rank's shard), or none of it;
+    `rename` gives a file's name the name the model knows (None: the tensor is not read at all)."""
     files = _safetensors_files(folder)
     tensors = {}
     with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
         for file in files:
             with open_safetensors(file) as f:
-                for name in f.keys():
-                    if name.endswith("rotary_emb.inv_freq"): continue  # derived, not a weight
+                for stored in f.keys():
+                    name = rename(stored) if rename else stored
+                    if name is None or name.endswith("rotary_emb.inv_freq"): continue  # not this model's, or derived
                     kept = torch.float32 if name.endswith(keep_float32) else dtype
-                    if select is None: tensor = f.get_tensor(name)
+                    if select is None: tensor = f.get_tensor(stored)
                     else:
-                        part = f.get_slice(name)
+                        part = f.get_slice(stored)
                         index = select(name, tuple(part.get_shape()))
                         if index is None: continue
                         tensor = part[index]  # only these rows or columns are read from the file

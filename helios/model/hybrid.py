@@ -28,7 +28,7 @@ __all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT
            'DROPPED_PREFIXES', 'ENGINE_UNSUPPORTED', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE', 'QWEN3_5_MOE_TEXT',
            'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked', 'causal_conv', 'HybridConfig',
            'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore', 'GatedRMSNorm', 'GatedDeltaNet',
-           'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer', 'adapt_state_dict',
+           'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer', 'checkpoint_name', 'adapt_state_dict',
            'hybrid_attention_shapes', 'hybrid_family', 'HybridCache', 'prefill_chunk', 'generate_hybrid']
 
 # %% ../../nbs/20_hybrid.ipynb #20a006
@@ -388,12 +388,15 @@ ZERO_CENTRED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight
 DROPPED_PREFIXES = ("model.visual.", "mtp.")  # the vision tower and the multi-token-prediction head
 
 
+def checkpoint_name(name: str) -> str | None:
+    "A multimodal checkpoint's tensor under the text model's name; None for the parts a text model does not run."
+    return None if name.startswith(DROPPED_PREFIXES) else name.replace("model.language_model.", "model.", 1)
+
+
 def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "A Qwen3.5 checkpoint's tensors under this chapter's names, its zero-centred norm weights as plain ones."
+    "The text model's tensors under this chapter's names, its zero-centred norm weights as plain ones."
     out = {}
     for name, tensor in state_dict.items():
-        if name.startswith(DROPPED_PREFIXES): continue
-        name = name.replace("model.language_model.", "model.", 1)
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
     return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
@@ -415,7 +418,7 @@ def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
 def hybrid_family(model_type: str) -> Family:
     "The family of one of Qwen3.5's model_types: all four read and build alike."
     return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
-                  engine_unsupported=ENGINE_UNSUPPORTED)
+                  engine_unsupported=ENGINE_UNSUPPORTED, checkpoint_name=checkpoint_name)
 
 
 QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")

@@ -4,6 +4,7 @@ experts per token, tied and untied heads), read through the family's pieces (con
 as transformers; a prompt in chunks that end mid convolution window as one prefill; decode token by token as one
 full forward."""
 import json
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -168,6 +169,51 @@ def test_load_model_builds_the_registered_family(shape, tmp_path):
     ids = torch.randint(0, 256, (2, 70), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         theirs, mine = reference(ids).logits, loaded.model(ids, torch.arange(70).expand(2, 70))
+    torch.testing.assert_close(mine, theirs, atol=LOGIT_ATOL, rtol=LOGIT_ATOL)
+
+
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+              spatial_merge_size=2, temporal_patch_size=1, in_channels=3)  # a tiny vision tower beside the text model
+
+
+@pytest.mark.parametrize("shape", ["interval4_gqa_conv4_untied", "moe_e4_top1_interval4_tied"])
+def test_a_multimodal_folder_loads_its_text_model(shape, tmp_path, monkeypatch):
+    """The released Qwen3.5 folders are multimodal (model_type qwen3_5 / qwen3_5_moe): the text model under
+    model.language_model., a vision tower beside it. The loader reads the text model only (no visual tensor is read)
+    and its logits on text are transformers' multimodal model's."""
+    import transformers
+
+    from helios.formats import hf
+    from helios.weights import load_model
+    family = "Qwen3_5Moe" if shape.startswith("moe") else "Qwen3_5"
+    text = {**COMMON, **SHAPES[shape]}
+    config = getattr(transformers, f"{family}Config")(text_config=text, vision_config=VISION,
+                                                      tie_word_embeddings=text.pop("tie_word_embeddings"))
+    torch.manual_seed(0)
+    reference = getattr(transformers, f"{family}ForConditionalGeneration")(config).eval()
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
+    reference.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] in ("qwen3_5", "qwen3_5_moe")
+    read = []
+    real_open = hf.open_safetensors
+
+    class Recording:  # the tensors a loader reads (get_slice reads a header only: shapes are checked first)
+        def __init__(self, f): self.f = f
+        def keys(self): return self.f.keys()
+        def get_tensor(self, name): read.append(name); return self.f.get_tensor(name)
+        def get_slice(self, name): return self.f.get_slice(name)
+
+    @contextmanager
+    def recording(file):
+        with real_open(file) as f: yield Recording(f)
+    monkeypatch.setattr(hf, "open_safetensors", recording)
+    loaded = load_model(tmp_path, dtype="float32", optimize=False)
+    assert read and not [name for name in read if "visual" in name]
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs, mine = reference(input_ids=ids).logits, loaded.model(ids, torch.arange(40).expand(2, 40))
     torch.testing.assert_close(mine, theirs, atol=LOGIT_ATOL, rtol=LOGIT_ATOL)
 
 

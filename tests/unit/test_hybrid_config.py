@@ -3,7 +3,7 @@ full_attention_interval, the multimodal layout, partial RoPE, the checkpoint's n
 import pytest
 import torch
 
-from helios.model.hybrid import adapt_state_dict, config_from_hf, tiny_qwen3_5
+from helios.model.hybrid import adapt_state_dict, checkpoint_name, config_from_hf, tiny_qwen3_5
 
 TEXT = dict(model_type="qwen3_5_text", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
@@ -27,7 +27,7 @@ def test_multimodal_config_reads_its_text_config():
     assert cfg.kv_bytes_per_token(2) == 2 * 2 * 2 * 16 * 2  # two full-attention layers of eight
 
 
-def test_adapt_state_dict_renames_and_uncentres():
+def test_checkpoint_names_and_adapt_state_dict_rename_and_uncentre():
     cfg = tiny_qwen3_5()
     sd = {"model.language_model.layers.0.linear_attn.in_proj_z.weight": torch.ones(2),
           "model.language_model.layers.0.linear_attn.norm.weight": torch.ones(2),
@@ -35,7 +35,8 @@ def test_adapt_state_dict_renames_and_uncentres():
           "model.language_model.layers.0.input_layernorm.weight": torch.zeros(2),
           "model.language_model.norm.weight": torch.full((2,), 0.5),
           "model.visual.blocks.0.attn.qkv.weight": torch.ones(2), "mtp.fc.weight": torch.ones(2)}
-    out = adapt_state_dict(cfg, sd)
+    text = {checkpoint_name(name): t for name, t in sd.items() if checkpoint_name(name) is not None}  # as the loader reads
+    out = adapt_state_dict(cfg, text)
     assert sorted(out) == ["model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.in_proj_z.weight",
                            "model.layers.0.self_attn.norm.weight", "model.layers.3.self_attn.q_norm.weight",
                            "model.norm.weight"]
