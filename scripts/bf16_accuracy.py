@@ -1,7 +1,8 @@
-"""How far the CPU's rounded `auto` modes are from exact float32 weights, on the embedded SmolLM2-135M (real weights).
+"""How far the CPU's rounded `auto` modes are from exact float32 weights, on real weights (SmolLM2-135M, Gemma 3 270M).
 
     python scripts/bf16_accuracy.py                 # 512 positions of real text, every mode this CPU runs
     python scripts/bf16_accuracy.py --positions 64  # a quick look
+    python scripts/bf16_accuracy.py --model gemma3-270m   # Gemma 3 270M (pip install 'helios[gemma3]')
 
 Each position is one prompt: a 64-token window of real English prose (the standard library's docstrings), the windows
 `STRIDE` tokens apart. Every mode gives its next-token log-probabilities through the engine (paged KV, C kernels, its
@@ -98,11 +99,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--positions", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model", default=None, help="a model LLM() takes (default: the embedded SmolLM2-135M)")
     args = parser.parse_args()
     import torch
     if args.threads: torch.set_num_threads(args.threads)
-    results, reference_s = measure(MODES, args.positions)
-    print(f"SmolLM2-135M, {args.positions} positions of real text ({WINDOW}-token windows), against dtype=float32 "
+    results, reference_s = measure(MODES, args.positions, args.model)
+    print(f"{args.model or 'SmolLM2-135M'}, {args.positions} positions of real text ({WINDOW}-token windows), against dtype=float32 "
           f"({reference_s:.1f} s); {machine()}")
     for name, a in results.items():
         print(f"  {name:36s} top-1 {a.top1}/{a.positions} ({100 * a.top1 / a.positions:.1f}%)  |Δ log p| max "

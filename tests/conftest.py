@@ -58,6 +58,12 @@ FAMILIES = {
                                                first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48,
                                                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=4,
                                                topk_group=2, index_n_heads=16, index_head_dim=16, index_topk=6)),
+    # Gemma 3: local layers with a window of 4 tokens (every prompt crosses it many times), a global one at 2
+    "gemma3_text": ("Gemma3TextConfig", dict(num_hidden_layers=4, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                                             layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                                          "sliding_attention"], query_pre_attn_scalar=16,
+                                             rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=1e4),
+                                                              "full_attention": dict(rope_type="default", rope_theta=1e6)})),
 }
 
 

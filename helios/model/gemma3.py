@@ -269,10 +269,11 @@ def window_mask(num_queries: int, num_keys: int, window: int, device=None) -> to
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
                              scale: float | None = None) -> torch.Tensor:
-    "Causal GQA attention over each query's last `window` keys. q: [B, T, Hq, D], k, v: [B, S, Hkv, D], S >= T."
+    """Causal GQA attention over each query's last `window` keys. q: [B, T, Hq, D], k, v: [B, S, Hkv, D], S >= T.
+    Keys and values may be 16-bit (the engine's pages, `kv_cache_dtype`): the window is read in the queries' dtype."""
     T, S = q.shape[1], k.shape[1]
     keep = min(S, T + window - 1)                  # older keys are outside every query's window
-    k, v = k[:, S - keep:], v[:, S - keep:]
+    k, v = k[:, S - keep:].to(q.dtype), v[:, S - keep:].to(q.dtype)
     mask = window_mask(T, keep, window, device=q.device)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale, enable_gqa=q.shape[2] != k.shape[2])
