@@ -164,7 +164,10 @@ def llama_version(binary: Path) -> dict:
     line = next((l for l in (run.stdout + run.stderr).splitlines() if l.startswith("version")), "unknown")
     sdists = sorted((PEERS / "llama-src").glob("llama_cpp_python-*.tar.gz"))
     sdist = sdists[-1].name.removesuffix(".tar.gz").removeprefix("llama_cpp_python-") if sdists else "unknown"
-    return dict(server_version=line, llama_cpp_python_sdist=sdist)
+    cache = PEERS / "llama-src" / "build" / "CMakeCache.txt"  # the CPU features it was built for (LLAMA_CMAKE_FLAGS)
+    text = cache.read_text() if cache.exists() else ""
+    on = re.findall(r"^(GGML_(?:NATIVE|AVX|AMX|FMA|F16C|BMI)\w*):BOOL=ON$", text, re.M)
+    return dict(server_version=line, llama_cpp_python_sdist=sdist, ggml_cpu_features_on=on)
 
 
 def markdown_piece(text: str) -> str:
@@ -179,7 +182,8 @@ def markdown(result: dict) -> str:
              f"{m['cpus']} CPUs, flags {', '.join(m['flags'])}; load average {load} before, "
              f"{', '.join(f'{x:.2f}' for x in result['load_average_after'])} after.",
              f"llama.cpp: llama-server from llama-cpp-python {lv['llama_cpp_python_sdist']}'s vendored sources "
-             f"(`{lv['server_version']}`), {result['threads']} threads, greedy, `n_probs` {N_PROBS}.",
+             f"(`{lv['server_version']}`; built with {', '.join(lv['ggml_cpu_features_on']) or 'unknown flags'}), "
+             f"{result['threads']} threads, greedy, `n_probs` {N_PROBS}.",
              f"Model: `{result['gguf']}` (Q4_K_M). {len(result['prompts'])} plain-text prompts as token ids "
              f"(Helios's tokenizer, BOS first), up to {result['max_tokens']} tokens each; every generated position "
              "teacher-forced through Helios in one forward pass.", "",
