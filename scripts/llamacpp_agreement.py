@@ -71,12 +71,14 @@ class Position(NamedTuple):
 
 
 def free_port() -> int:
+    "A TCP port on 127.0.0.1 that nothing listens on now."
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def post(url: str, body: dict, timeout_s: float = 600) -> dict:
+    "POST a JSON body; the JSON answer."
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as r: return json.load(r)
 
