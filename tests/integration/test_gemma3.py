@@ -92,6 +92,18 @@ def test_the_paged_engine_gives_each_request_its_tokens_alone(tiny, smollm2_gguf
     if host_pages: assert stats.num_preemptions > 0
 
 
+def test_the_paged_engine_reads_float16_pages(tiny, smollm2_gguf):
+    "float16 KV pages (what the c-bf16 matmul pairs with): the local layers read them in the queries' dtype."
+    _, model = tiny
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    config = EngineConfig(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0,
+                          kv_cache_dtype="float16")
+    engine = Engine(model, load_tokenizer(smollm2_gguf), frozenset(), config, 64)
+    handles = [engine.submit(p, greedy) for p in engine_prompts()]
+    while engine.step(): pass
+    assert [h.result().token_ids for h in handles] == [generate(model, p, 12) for p in engine_prompts()]
+
+
 # ---- the real Gemma 3 270M
 
 
