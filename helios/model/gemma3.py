@@ -306,9 +306,8 @@ def attend_window(self: Gemma3Attention, q: torch.Tensor, k: torch.Tensor, v: to
     out = q.new_zeros(q.shape)
     for seq in kv.contexts(self.layer_idx, k, v):
         queries = slice(seq.start, seq.start + seq.length)
-        keys, values = seq.keys.to(q.dtype), seq.values.to(q.dtype)  # the pages may be stored narrower (float16)
-        out[seq.row, queries] = sliding_window_attention(q[seq.row, queries][None], keys[None], values[None],
-                                                         self.window, self.scale)[0]
+        out[seq.row, queries] = sliding_window_attention(q[seq.row, queries][None], seq.keys[None],
+                                                         seq.values[None], self.window, self.scale)[0]
     return out
 
 # %% ../../nbs/18_gemma3.ipynb #aa87f35c
