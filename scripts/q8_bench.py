@@ -6,7 +6,9 @@
 Shapes (outputs x inputs): 6144 x 2048 (a Qwen3-1.7B gate/up product) and 1536 x 576 (SmolLM2's); rows: 1 and 16 (a
 decode tick alone and batched). Contenders: `Q8_0Linear` in every variant this CPU runs, `CBf16Linear` in every bfloat16
 variant it runs, the float16-weight `CHalfLinear`, and float32 (`torch.nn.functional.linear`, oneDNN). Each time is the
-median of REPEATS calls after a warm-up, with the weight's bytes and the read rate they imply. The CPU (lscpu's model
+median of REPEATS calls after a warm-up; the contenders take turns over ROUNDS rounds (interleaved, so that a change
+of load hits them all), and the table shows the best round's median (the least disturbed by other work on the machine), the
+range of the rounds' medians, and the read rate of the weight's bytes at the best. The CPU (lscpu's model
 name and the flags that matter here), the threads and the load average are printed with the numbers.
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch.nn.functional as F
 
 SHAPES = [(6144, 2048), (1536, 576)]  # [out, in]
 ROWS = (1, 16)
-REPEATS = 200
+REPEATS = 100
+ROUNDS = 5
 FLAGS = ("avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "avx2")
 
 
@@ -73,15 +76,21 @@ def main() -> None:
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args()
     torch.manual_seed(0)
-    lines = [f"CPU: {cpu_line()}", "", "| product (out x in) | rows | matmul | weight MB | ms (median) | GB/s of weights |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [f"CPU: {cpu_line()}", "", "| product (out x in) | rows | matmul | weight MB | ms (best round) | "
+             "ms (range) | GB/s of weights |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for n_out, n_in in SHAPES:
         weight = torch.randn(n_out, n_in) * 0.05
-        for name, (fn, nbytes) in contenders(weight).items():
-            for rows in ROWS:
-                ms = median_ms(fn, torch.randn(rows, n_in))
-                lines.append(f"| {n_out} x {n_in} | {rows} | {name} | {nbytes / 1e6:.2f} | {ms:.3f} | {nbytes / ms / 1e6:.1f} |")
-                print(lines[-1], flush=True)
+        found = contenders(weight)
+        inputs = {rows: torch.randn(rows, n_in) for rows in ROWS}
+        times = {(name, rows): [] for name in found for rows in ROWS}
+        for _ in range(ROUNDS):
+            for name, (fn, _) in found.items():
+                for rows in ROWS: times[name, rows].append(median_ms(fn, inputs[rows]))
+        for (name, rows), ms in times.items():
+            nbytes, mid = found[name][1], min(ms)
+            lines.append(f"| {n_out} x {n_in} | {rows} | {name} | {nbytes / 1e6:.2f} | {mid:.3f} | "
+                         f"{min(ms):.3f}–{max(ms):.3f} | {nbytes / mid / 1e6:.1f} |")
+            print(lines[-1], flush=True)
     lines.append(f"\nAfter: load average {os.getloadavg()[0]:.2f}")
     text = "\n".join(lines) + "\n"
     print(text)

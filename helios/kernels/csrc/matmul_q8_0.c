@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(Q8_VNNI)
+#if defined(__AVX2__) || defined(__F16C__) || defined(Q8_VNNI)
 #include <immintrin.h>
 #endif
 
@@ -33,10 +33,14 @@ static inline float half_to_float(uint16_t h) {
     return value;
 }
 
-static inline float block_scale(const uint8_t *block) {
+static inline float block_scale(const uint8_t *block) {  /* F16C's conversion where the build has it: the same value */
     uint16_t h;
     memcpy(&h, block, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
     return half_to_float(h);
+#endif
 }
 
 /* xq [M, nb * 32] int8 and xd [M, nb] float32 = x [M, K] quantized per block (zeros past K). The same scalar code
@@ -58,16 +62,7 @@ void quantize_rows_q8(const float *x, int64_t M, int64_t K, int8_t *xq, float *x
 }
 
 #if defined(Q8_VNNI)
-/* 16 int32 lanes: the low 8 sum block b's products, the high 8 block b + 1's. |w| as unsigned bytes, w's sign
-   moved onto x (x is never -128, so -x fits), four products a lane by VPDPBUSD. */
-static inline __m512 pair_products(const uint8_t *w, const int8_t *x) {
-    const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + 2))),
-                                          _mm256_loadu_si256((const __m256i *)(w + BLOCK_BYTES + 2)), 1);
-    const __m512i xv = _mm512_loadu_si512(x);
-    const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wq), _mm512_setzero_si512(), xv);
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wq), xs));
-}
-
+#define SCALE_LANES 8  /* each block scale of x, eight times: the lanes of one block in a 512-bit pair */
 /* Block b alone (the last of an odd count), in the low 8 lanes; the high 8 are zero. */
 static inline __m512 last_products(const uint8_t *w, const int8_t *x) {
     const __m256i wq = _mm256_loadu_si256((const __m256i *)(w + 2)), xv = _mm256_loadu_si256((const __m256i *)x);
@@ -77,34 +72,44 @@ static inline __m512 last_products(const uint8_t *w, const int8_t *x) {
 }
 
 /* y[r] for R rows of xq against one weight row w: per pair of blocks, R products, each scaled and added to its own
-   16 float sums; the 16 lanes are added at the end, in _mm512_reduce_add_ps's fixed order. */
+   16 float sums; the 16 lanes are added at the end, in _mm512_reduce_add_ps's fixed order. xs holds each row's block
+   scales eight times over (SCALE_LANES), so a pair's 16 lanes of scales are one load. */
 #define ROWS_Q8(R)                                                                                              \
-static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
+static void rows_q8_##R(const int8_t *xq, const float *xs, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
     __m512 acc[R];                                                                                             \
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                  \
     int64_t b = 0;                                                                                             \
     for (; b + 1 < nb; b += 2) {                                                                               \
         const uint8_t *wb = w + b * BLOCK_BYTES;                                                               \
-        const float d0 = block_scale(wb), d1 = block_scale(wb + BLOCK_BYTES);                                  \
-        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);                       \
+        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(block_scale(wb)),                                  \
+                                             _mm256_set1_ps(block_scale(wb + BLOCK_BYTES)), 1);                \
+        const __m512i wq = _mm512_inserti64x4(                                                                 \
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wb + 2))),                             \
+            _mm256_loadu_si256((const __m256i *)(wb + BLOCK_BYTES + 2)), 1);                                   \
+        const __m512i wabs = _mm512_abs_epi8(wq);                                                              \
+        const __mmask64 negative = _mm512_movepi8_mask(wq);                                                    \
         for (int r = 0; r < R; r++) {                                                                          \
-            const float *s = xd + r * nb + b;                                                                  \
-            const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1);              \
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), pair_products(wb, xq + r * nb * QK + b * QK), acc[r]); \
+            const __m512i xv = _mm512_loadu_si512(xq + r * nb * QK + b * QK);                                  \
+            const __m512i xsigned = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);            \
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, xsigned)); \
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs + (r * nb + b) * SCALE_LANES));          \
+            acc[r] = _mm512_fmadd_ps(scale, dot, acc[r]);                                                      \
         }                                                                                                      \
     }                                                                                                          \
     if (b < nb) {                                                                                              \
         const uint8_t *wb = w + b * BLOCK_BYTES;                                                               \
         const float d0 = block_scale(wb);                                                                      \
         for (int r = 0; r < R; r++)                                                                            \
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xd[r * nb + b]), last_products(wb, xq + r * nb * QK + b * QK), acc[r]); \
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xs[(r * nb + b) * SCALE_LANES]),                      \
+                                     last_products(wb, xq + r * nb * QK + b * QK), acc[r]);                    \
     }                                                                                                          \
     for (int r = 0; r < R; r++) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);                                     \
 }
-ROWS_Q8(1) ROWS_Q8(4)
+ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
 
 const char *matmul_q8_0_isa(void) { return "AVX512-VNNI"; }
 #elif defined(__AVX2__)
+#define SCALE_LANES 1
 /* 8 int32 lanes of block b's products: |w| as unsigned bytes, w's sign moved onto x, pairs by VPMADDUBSW (at most
    2 x 128 x 127, no saturation), then pairs of pairs by VPMADDWD. */
 static inline __m256 block_products(const uint8_t *w, const int8_t *x) {
@@ -131,10 +136,11 @@ static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uin
     }                                                                                                          \
     for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);                                                     \
 }
-ROWS_Q8(1) ROWS_Q8(4)
+ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
 
 const char *matmul_q8_0_isa(void) { return "AVX2"; }
 #else
+#define SCALE_LANES 1
 /* Portable C: each block's integer dot product, scaled and added in block order. */
 #define ROWS_Q8(R)                                                                                              \
 static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
@@ -150,30 +156,35 @@ static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uin
         y[r * ldy] = acc;                                                                                      \
     }                                                                                                          \
 }
-ROWS_Q8(1) ROWS_Q8(4)
+ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
 
 const char *matmul_q8_0_isa(void) { return "generic"; }
 #endif
 
 /* y [M, N] = x [M, K] times the transpose of W [N, K] in Q8_0 blocks (N rows of ceil(K / 32) blocks of 34 bytes,
-   as a GGUF file holds them). Threads split the outputs; each output runs its rows four at a time, then one. The
-   signature of matmul_f16, so that a decoder layer (decoder_layer.c) can be handed it. */
+   as a GGUF file holds them). Threads split the outputs; each output runs its rows eight at a time, then four, then
+   one, with the same per-row instructions. The signature of matmul_f16, so that a decoder layer (decoder_layer.c)
+   can be handed it. */
 void matmul_q8_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
     const int64_t nb = (K + QK - 1) / QK;
-    int8_t *xq = malloc((size_t)(M * nb * QK));
-    float *xd = malloc(sizeof(float) * M * nb);
-    if (!xq || !xd) {  /* a few MB at most: without them no product can be given, and a wrong one must not be */
-        fprintf(stderr, "helios matmul_q8_0: no memory for %lld bytes of activations\n", (long long)(M * nb * (QK + 4)));
+    int8_t *xq = malloc((size_t)(M * nb * QK) + 64);
+    float *xd = malloc(sizeof(float) * (M * nb + 1)), *xs = malloc(sizeof(float) * (M * nb * SCALE_LANES + 1));
+    if (!xq || !xd || !xs) {  /* a few MB at most: without them no product can be given, and a wrong one must not be */
+        fprintf(stderr, "helios matmul_q8_0: no memory for %lld bytes of activations\n", (long long)(M * nb * (QK + 36)));
         abort();
     }
     quantize_rows_q8(x, M, K, xq, xd, threads);
+    for (int64_t i = 0; i < M * nb; i++)
+        for (int l = 0; l < SCALE_LANES; l++) xs[i * SCALE_LANES + l] = xd[i];
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wn = w + n * nb * BLOCK_BYTES;
         int64_t i = 0;
-        for (; i + 4 <= M; i += 4) rows_q8_4(xq + i * nb * QK, xd + i * nb, nb, wn, y + i * N + n, N);
-        for (; i < M; i++) rows_q8_1(xq + i * nb * QK, xd + i * nb, nb, wn, y + i * N + n, N);
+        for (; i + 8 <= M; i += 8) rows_q8_8(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
+        for (; i + 4 <= M; i += 4) rows_q8_4(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
+        for (; i < M; i++) rows_q8_1(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
     }
     free(xq);
     free(xd);
+    free(xs);
 }
