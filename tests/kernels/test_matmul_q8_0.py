@@ -11,6 +11,7 @@ import torch
 from conftest import TEST_KV_BYTES
 from gguf_writer import gguf_from_parts, tiny_llama_parts
 from kernel_support import builds, needs_kernels
+from helios.formats.gguf import GGUFFile
 from helios.kernels.attention import CKernels
 from helios.kernels.build import Q8_VARIANTS, KernelUnavailable, q8_variant, q8_variants
 from helios.kernels.matmul import CHalfLinear, Q8_0Linear, matmul_q8_0_kernel, q8_0_blocks
@@ -174,7 +175,8 @@ def q8_0_gguf(folder) -> str:
 def test_a_q8_0_gguf_stays_near_the_dequantized_model_and_batched_is_alone(registered, tmp_path):
     """Next-token log-probabilities on 64 prompts of a tiny Q8_0 GGUF against the dequantized float32 model: the same
     top token on at least 62 (64 measured) and |Δ log p| of the float model's top token at most 0.01 (0.0018 measured;
-    the activations' rounding). Greedy tokens batched are the tokens alone, bit for bit."""
+    the activations' rounding). The modules hold the file's own blocks, a layer is one C call, and greedy tokens
+    batched are the tokens alone, bit for bit."""
     import random
 
     from helios import LLM, SamplingParams
@@ -187,6 +189,10 @@ def test_a_q8_0_gguf_stays_near_the_dequantized_model_and_batched_is_alone(regis
     with LLM(path, matmul="c-q8_0", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as packed:
         linears = [m for m in packed.model.modules() if isinstance(m, CHalfLinear)]
         assert linears and all(isinstance(m, Q8_0Linear) for m in linears)
+        reader = GGUFFile(path)  # the blocks it holds are the file's bytes, 34 per 32 weights (the head is tied)
+        for name, module in [("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj"), ("token_embd.weight", "lm_head")]:
+            file_bytes = next(t.data for t in reader.tensors if t.name == name)
+            assert np.array_equal(packed.model.get_submodule(module).packed.numpy(), file_bytes)
         backend = packed.engine.runner.backend
         if isinstance(backend, CKernels):  # decoder_layer is handed matmul_q8_0: a layer is still one C call
             assert backend.layers.layer_weights(packed.model.model.layers[0]) is not None
