@@ -71,41 +71,48 @@ static inline __m512 last_products(const uint8_t *w, const int8_t *x) {
     return _mm512_cvtepi32_ps(_mm512_zextsi256_si512(sums));
 }
 
-/* y[r] for R rows of xq against one weight row w: per pair of blocks, R products, each scaled and added to its own
-   16 float sums; the 16 lanes are added at the end, in _mm512_reduce_add_ps's fixed order. xs holds each row's block
-   scales eight times over (SCALE_LANES), so a pair's 16 lanes of scales are one load. */
-#define ROWS_Q8(R)                                                                                              \
-static void rows_q8_##R(const int8_t *xq, const float *xs, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
-    __m512 acc[R];                                                                                             \
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                  \
+/* y[r][o] for R rows of xq against O consecutive weight rows from w: per pair of blocks, R x O products, each scaled
+   and added to its own 16 float sums; the 16 lanes are added at the end, in _mm512_reduce_add_ps's fixed order. Every
+   (row, output) runs the same instructions whatever R and O are. xs holds each row's block scales eight times over
+   (SCALE_LANES), so a pair's 16 lanes of scales are one load. */
+#define ROWS_Q8(R, O)                                                                                           \
+static void rows_q8_##R##_##O(const int8_t *xq, const float *xs, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
+    __m512 acc[R][O];                                                                                          \
+    for (int r = 0; r < R; r++) for (int o = 0; o < O; o++) acc[r][o] = _mm512_setzero_ps();                   \
     int64_t b = 0;                                                                                             \
     for (; b + 1 < nb; b += 2) {                                                                               \
-        const uint8_t *wb = w + b * BLOCK_BYTES;                                                               \
-        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(block_scale(wb)),                                  \
-                                             _mm256_set1_ps(block_scale(wb + BLOCK_BYTES)), 1);                \
-        const __m512i wq = _mm512_inserti64x4(                                                                 \
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wb + 2))),                             \
-            _mm256_loadu_si256((const __m256i *)(wb + BLOCK_BYTES + 2)), 1);                                   \
-        const __m512i wabs = _mm512_abs_epi8(wq);                                                              \
-        const __mmask64 negative = _mm512_movepi8_mask(wq);                                                    \
+        __m512 dw[O]; __m512i wabs[O]; __mmask64 negative[O];                                                  \
+        for (int o = 0; o < O; o++) {                                                                          \
+            const uint8_t *wb = w + (o * nb + b) * BLOCK_BYTES;                                                \
+            dw[o] = _mm512_insertf32x8(_mm512_set1_ps(block_scale(wb)), _mm256_set1_ps(block_scale(wb + BLOCK_BYTES)), 1); \
+            const __m512i wq = _mm512_inserti64x4(                                                             \
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wb + 2))),                         \
+                _mm256_loadu_si256((const __m256i *)(wb + BLOCK_BYTES + 2)), 1);                               \
+            wabs[o] = _mm512_abs_epi8(wq);                                                                     \
+            negative[o] = _mm512_movepi8_mask(wq);                                                             \
+        }                                                                                                      \
         for (int r = 0; r < R; r++) {                                                                          \
             const __m512i xv = _mm512_loadu_si512(xq + r * nb * QK + b * QK);                                  \
-            const __m512i xsigned = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);            \
-            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, xsigned)); \
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs + (r * nb + b) * SCALE_LANES));          \
-            acc[r] = _mm512_fmadd_ps(scale, dot, acc[r]);                                                      \
+            const __m512 dx = _mm512_loadu_ps(xs + (r * nb + b) * SCALE_LANES);                                \
+            for (int o = 0; o < O; o++) {                                                                      \
+                const __m512i xsigned = _mm512_mask_sub_epi8(xv, negative[o], _mm512_setzero_si512(), xv);     \
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs[o], xsigned)); \
+                acc[r][o] = _mm512_fmadd_ps(_mm512_mul_ps(dw[o], dx), dot, acc[r][o]);                          \
+            }                                                                                                  \
         }                                                                                                      \
     }                                                                                                          \
-    if (b < nb) {                                                                                              \
-        const uint8_t *wb = w + b * BLOCK_BYTES;                                                               \
-        const float d0 = block_scale(wb);                                                                      \
-        for (int r = 0; r < R; r++)                                                                            \
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xs[(r * nb + b) * SCALE_LANES]),                      \
-                                     last_products(wb, xq + r * nb * QK + b * QK), acc[r]);                    \
-    }                                                                                                          \
-    for (int r = 0; r < R; r++) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);                                     \
+    if (b < nb)                                                                                                \
+        for (int o = 0; o < O; o++) {                                                                          \
+            const uint8_t *wb = w + (o * nb + b) * BLOCK_BYTES;                                                \
+            const float d0 = block_scale(wb);                                                                  \
+            for (int r = 0; r < R; r++)                                                                        \
+                acc[r][o] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xs[(r * nb + b) * SCALE_LANES]),               \
+                                            last_products(wb, xq + r * nb * QK + b * QK), acc[r][o]);          \
+        }                                                                                                      \
+    for (int r = 0; r < R; r++) for (int o = 0; o < O; o++) y[r * ldy + o] = _mm512_reduce_add_ps(acc[r][o]);  \
 }
-ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
+ROWS_Q8(1, 1) ROWS_Q8(4, 1) ROWS_Q8(8, 1) ROWS_Q8(1, 2) ROWS_Q8(4, 2) ROWS_Q8(8, 2)
+#define OUTPUTS 2  /* outputs a step: a row's load and scales serve both */
 
 const char *matmul_q8_0_isa(void) { return "AVX512-VNNI"; }
 #elif defined(__AVX2__)
@@ -125,7 +132,7 @@ static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
 }
 
 #define ROWS_Q8(R)                                                                                              \
-static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
+static void rows_q8_##R##_1(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
     __m256 acc[R];                                                                                             \
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                                  \
     for (int64_t b = 0; b < nb; b++) {                                                                         \
@@ -137,13 +144,14 @@ static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uin
     for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);                                                     \
 }
 ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
+#define OUTPUTS 1
 
 const char *matmul_q8_0_isa(void) { return "AVX2"; }
 #else
 #define SCALE_LANES 1
 /* Portable C: each block's integer dot product, scaled and added in block order. */
 #define ROWS_Q8(R)                                                                                              \
-static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
+static void rows_q8_##R##_1(const int8_t *xq, const float *xd, int64_t nb, const uint8_t *w, float *y, int64_t ldy) { \
     for (int r = 0; r < R; r++) {                                                                              \
         float acc = 0.f;                                                                                       \
         for (int64_t b = 0; b < nb; b++) {                                                                     \
@@ -157,14 +165,21 @@ static void rows_q8_##R(const int8_t *xq, const float *xd, int64_t nb, const uin
     }                                                                                                          \
 }
 ROWS_Q8(1) ROWS_Q8(4) ROWS_Q8(8)
+#define OUTPUTS 1
 
 const char *matmul_q8_0_isa(void) { return "generic"; }
 #endif
 
 /* y [M, N] = x [M, K] times the transpose of W [N, K] in Q8_0 blocks (N rows of ceil(K / 32) blocks of 34 bytes,
-   as a GGUF file holds them). Threads split the outputs; each output runs its rows eight at a time, then four, then
-   one, with the same per-row instructions. The signature of matmul_f16, so that a decoder layer (decoder_layer.c)
-   can be handed it. */
+   as a GGUF file holds them). Threads split the outputs (two at a time in the AVX512-VNNI variant); each runs its
+   rows eight at a time, then four, then one, with the same per-row instructions. The signature of matmul_f16, so
+   that a decoder layer (decoder_layer.c) can be handed it. */
+#define RUN_ROWS(O) do {                                                                                           \
+    for (; i + 8 <= M; i += 8) rows_q8_8_##O(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N); \
+    for (; i + 4 <= M; i += 4) rows_q8_4_##O(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N); \
+    for (; i < M; i++) rows_q8_1_##O(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);          \
+} while (0)
+
 void matmul_q8_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
     const int64_t nb = (K + QK - 1) / QK;
     int8_t *xq = malloc((size_t)(M * nb * QK) + 64);
@@ -177,12 +192,14 @@ void matmul_q8_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t
     for (int64_t i = 0; i < M * nb; i++)
         for (int l = 0; l < SCALE_LANES; l++) xs[i * SCALE_LANES + l] = xd[i];
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+    for (int64_t p = 0; p < (N + OUTPUTS - 1) / OUTPUTS; p++) {
+        const int64_t n = OUTPUTS * p;
         const uint8_t *wn = w + n * nb * BLOCK_BYTES;
         int64_t i = 0;
-        for (; i + 8 <= M; i += 8) rows_q8_8(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
-        for (; i + 4 <= M; i += 4) rows_q8_4(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
-        for (; i < M; i++) rows_q8_1(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N);
+#if OUTPUTS == 2
+        if (n + 1 < N) { RUN_ROWS(2); continue; }
+#endif
+        RUN_ROWS(1);
     }
     free(xq);
     free(xd);
