@@ -1,4 +1,4 @@
-"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c` and `c-bf16` matmuls.
+"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), a matmul on GGUF's Q8_0 blocks with int8 products, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c`, `c-bf16` and `c-q8_0` matmuls.
 
 Docs: https://helios-engine.github.io/helios/kernels.html.md"""
 
@@ -47,9 +47,9 @@ def c_compiler() -> list[str] | None:
 
 # %% auto #0
 __all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
-           'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags',
-           'native_bf16', 'bf16_variant', 'translation_unit', 'source_files', 'build_library', 'check_whole_library',
-           'build_kernels', 'load_built']
+           'MATMUL_Q8_SOURCES', 'Q8_VARIANTS', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags',
+           'cpu_isa', 'isa_flags', 'compile_flags', 'native_bf16', 'bf16_variant', 'q8_variants', 'q8_variant',
+           'translation_unit', 'source_files', 'build_library', 'check_whole_library', 'build_kernels', 'load_built']
 
 # %% ../../nbs/92_kernels.ipynb #c3a8cc4c
 ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
@@ -123,6 +123,32 @@ def bf16_variant(flags: frozenset[str] | None = None, requested: str | None = No
         raise ValueError(f"HELIOS_BF16_ISA must be one of {', '.join(BF16_VARIANTS)}, got {requested!r}")
     if not runs: raise KernelUnavailable("bfloat16 products need AMX or AVX512-BF16, and this CPU lists neither")
     if requested not in runs: raise KernelUnavailable(f"HELIOS_BF16_ISA={requested}, but this CPU runs {', '.join(runs)}")
+    return requested
+
+# %% ../../nbs/92_kernels.ipynb #q8a1b2c4
+MATMUL_Q8_SOURCES = ("matmul_q8_0.c",)  # the Q8_0 matmul, a library of its own
+Q8_VARIANTS = {  # its variants, widest first: the ISA variant each is built on, and what it adds to its flags
+    "avx512-vnni": ("avx512", ("-mavx512vnni", "-DQ8_VNNI")),
+    "avx2": ("avx2", ()),
+    "generic": ("generic", ()),
+}
+_Q8_NEEDS = {"avx512-vnni": _ISA_NEEDS["avx512"] | {"avx512_vnni"}, "avx2": _ISA_NEEDS["avx2"], "generic": set()}
+
+
+def q8_variants(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    "The Q8_0 variants this CPU runs, widest first: what /proc/cpuinfo lists (None: read it; no file: generic)."
+    flags = cpu_flags() if flags is None else flags
+    return tuple(v for v, needs in _Q8_NEEDS.items() if not needs or (flags is not None and needs <= flags))
+
+
+def q8_variant(flags: frozenset[str] | None = None, requested: str | None = None) -> str:
+    """The Q8_0 matmul's variant for this CPU: the widest of q8_variants. $HELIOS_Q8_ISA (or `requested`) picks a
+    narrower one, to compare variants on one machine; one the CPU cannot run is refused."""
+    runs = q8_variants(flags)
+    requested = requested or os.environ.get("HELIOS_Q8_ISA") or runs[0]
+    if requested not in Q8_VARIANTS:
+        raise ValueError(f"HELIOS_Q8_ISA must be one of {', '.join(Q8_VARIANTS)}, got {requested!r}")
+    if requested not in runs: raise KernelUnavailable(f"HELIOS_Q8_ISA={requested}, but this CPU runs {', '.join(runs)}")
     return requested
 
 # %% ../../nbs/92_kernels.ipynb #0b88c40b

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul']
+__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul']
 
 # %% ../../nbs/92_kernels.ipynb #k92030aa
 import ctypes
@@ -130,3 +130,51 @@ def c_bf16_matmul(device: torch.device, exact: bool) -> LinearFactory:
 
 
 C_BF16_MATMUL = Implementation("matmul", "c-bf16", c_bf16_matmul, 40, "C, bfloat16 products")
+
+
+# %% ../../nbs/92_kernels.ipynb #q8b00004
+from .build import MATMUL_Q8_SOURCES, Q8_VARIANTS, q8_variant
+
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # GGUF's Q8_0: 32 values a block, a float16 scale and 32 int8
+
+
+def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
+    "[N, K] float weight -> [N, ceil(K / 32) * 34] uint8 Q8_0 blocks, as llama.cpp quantizes them (K padded with zeros)."
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+    n, k = weight.shape
+    padded = torch.zeros(n, -(-k // Q8_BLOCK) * Q8_BLOCK)
+    padded[:, :k] = weight.detach().float()
+    return torch.from_numpy(quantize(padded.numpy(), GGMLQuantizationType.Q8_0))
+
+
+def matmul_q8_0_kernel(cache_dir: Path | None = None, variant: str | None = None):
+    """The C Q8_0 matmul in `variant` (None: q8_variant's choice for this CPU), as a ctypes function with the
+    signature of matmul_f16 whose `isa` names the variant (AVX512-VNNI, AVX2, generic); KernelUnavailable saying why not."""
+    isa, flags = Q8_VARIANTS[variant or q8_variant()]
+    lib = load_built(lambda rebuild: build_library(MATMUL_Q8_SOURCES, flags, cache_dir, rebuild, require_openmp=True,
+                                                   isa=isa),
+                     lambda library: ctypes.CDLL(str(library)))
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    matmul = c_function(lib, "matmul_q8_0", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+    matmul.isa = c_function(lib, "matmul_q8_0_isa", restype=ctypes.c_char_p)().decode()
+    matmul.quantize_rows = c_function(lib, "quantize_rows_q8", ptr, i64, i64, ptr, ptr, ctypes.c_int)
+    return matmul
+
+
+class Q8_0Linear(CHalfLinear):
+    "A Linear whose weight is kept in GGUF's Q8_0 blocks (34 bytes per 32 weights), multiplied by the C kernel."
+    pack = staticmethod(q8_0_blocks)  # [out, ceil(in / 32) * 34] uint8
+
+# %% ../../nbs/92_kernels.ipynb #q8b00008
+def c_q8_0_matmul(device: torch.device, exact: bool) -> LinearFactory:
+    """The `c-q8_0` matmul: every linear in Q8_0 blocks, multiplied by `matmul_q8_0` with activations quantized per
+    block (AVX512-VNNI, AVX2 or portable C); KernelUnavailable where the kernel cannot build."""
+    if exact: raise NotApplicable("the Q8_0 matmul quantizes the weights to 8 bits, and they must stay as loaded")
+    if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")
+    matmul = matmul_q8_0_kernel()
+    return LinearFactory(lambda weight, bias=None: Q8_0Linear(weight, bias, matmul), torch.int8,
+                         f"C, Q8_0 blocks, int8 products, {matmul.isa} on this CPU")
+
+
+C_Q8_0_MATMUL = Implementation("matmul", "c-q8_0", c_q8_0_matmul, None, "C, Q8_0 blocks")

@@ -34,6 +34,10 @@ typedef void (*matmul_fn)(const float *x, int64_t M, int64_t K, const uint16_t *
 void matmul_f16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads);
 /* matmul_bf16.c, a library of its own: bfloat16 weights and products, float32 sums (AMX or AVX512-BF16) */
 void matmul_bf16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads);
+/* matmul_q8_0.c, a library of its own: weights in GGUF's Q8_0 blocks, activations quantized per block, integer dot
+   products (AVX512-VNNI, AVX2 or portable C); handed to a layer in place of a matmul_fn (its bytes for panels) */
+void matmul_q8_0(const float *x, int64_t M, int64_t K, const uint8_t *blocks, int64_t N, float *y, int threads);
+void quantize_rows_q8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, int threads);
 
 /* decoder_layer.c */
 struct layer_weights {                    /* one decoder layer, set once */
