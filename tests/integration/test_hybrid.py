@@ -56,15 +56,24 @@ SHAPES = {  # qwen3_5 (dense MLP) and qwen3_5_moe (experts and a gated shared ex
 }
 
 
-def save_reference(shape: str, folder):
-    "transformers' random model of one shape, saved as a checkpoint folder (its norms and biases made nonzero)."
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+              spatial_merge_size=2, temporal_patch_size=1, in_channels=3)  # a tiny vision tower beside the text model
+
+
+def save_reference(shape: str, folder, multimodal: bool = False):
+    """transformers' random model of one shape, saved as a checkpoint folder (its norms and biases made nonzero):
+    the text model alone, or (multimodal) as the released folders hold it, beside a tiny vision tower."""
     import transformers
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     family = "Qwen3_5Moe" if shape.startswith("moe") else "Qwen3_5"
-    config = getattr(transformers, f"{family}TextConfig")(**COMMON, **SHAPES[shape])
+    text = {**COMMON, **SHAPES[shape]}
+    if multimodal:
+        config = getattr(transformers, f"{family}Config")(text_config=text, vision_config=VISION,
+                                                          tie_word_embeddings=text.pop("tie_word_embeddings"))
+    else: config = getattr(transformers, f"{family}TextConfig")(**text)
     torch.manual_seed(0)
-    reference = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    reference = getattr(transformers, f"{family}{'ForConditionalGeneration' if multimodal else 'ForCausalLM'}")(config).eval()
     with torch.no_grad():
         for name, p in reference.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
@@ -172,29 +181,14 @@ def test_load_model_builds_the_registered_family(shape, tmp_path):
     torch.testing.assert_close(mine, theirs, atol=LOGIT_ATOL, rtol=LOGIT_ATOL)
 
 
-VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-              spatial_merge_size=2, temporal_patch_size=1, in_channels=3)  # a tiny vision tower beside the text model
-
-
 @pytest.mark.parametrize("shape", ["interval4_gqa_conv4_untied", "moe_e4_top1_interval4_tied"])
 def test_a_multimodal_folder_loads_its_text_model(shape, tmp_path, monkeypatch):
     """The released Qwen3.5 folders are multimodal (model_type qwen3_5 / qwen3_5_moe): the text model under
     model.language_model., a vision tower beside it. The loader reads the text model only (no visual tensor is read)
     and its logits on text are transformers' multimodal model's."""
-    import transformers
-
     from helios.formats import hf
     from helios.weights import load_model
-    family = "Qwen3_5Moe" if shape.startswith("moe") else "Qwen3_5"
-    text = {**COMMON, **SHAPES[shape]}
-    config = getattr(transformers, f"{family}Config")(text_config=text, vision_config=VISION,
-                                                      tie_word_embeddings=text.pop("tie_word_embeddings"))
-    torch.manual_seed(0)
-    reference = getattr(transformers, f"{family}ForConditionalGeneration")(config).eval()
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
-    reference.save_pretrained(tmp_path)
+    reference = save_reference(shape, tmp_path, multimodal=True)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] in ("qwen3_5", "qwen3_5_moe")
     read = []
     real_open = hf.open_safetensors
