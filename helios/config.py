@@ -114,6 +114,11 @@ class ModelConfig:
     @property
     def queries_per_kv(self) -> int: return self.num_heads // self.num_kv_heads
 
+    @property
+    def num_kv_layers(self) -> int:
+        "Layers that keep keys and values in the cache: every one, unless a family's layers differ."
+        return self.num_layers
+
 # %% ../nbs/00_config.ipynb #28208c75
 @patch(as_prop=True)
 def kv_layout(self: ModelConfig) -> KVLayout:
@@ -123,8 +128,8 @@ def kv_layout(self: ModelConfig) -> KVLayout:
 
 @patch
 def kv_bytes_per_token(self: ModelConfig, dtype_bytes: int) -> int:
-    "Bytes the KV cache keeps for one token across all layers."
-    return self.num_layers * self.kv_layout.values_per_token * dtype_bytes
+    "Bytes the KV cache keeps for one token across the layers that keep K and V."
+    return self.num_kv_layers * self.kv_layout.values_per_token * dtype_bytes
 
 
 @patch

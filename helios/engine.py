@@ -36,7 +36,9 @@ from .outputs import (CacheReport, CacheTotals, CompletionOutput, EngineError, E
                             RequestMetrics, RequestOutput, StreamEvent)
 from .sampling import (MASK_BITS, Completion, InvalidParam, SampledToken, SamplingParams, draw_uniforms,
                              make_generator, pick_tokens, sample_seed)
-from .scheduler import MAX_PRIORITY, Drafter, QueueFull, ScheduledChunk, Scheduler, Sequence, SeqStatus, TickPlan
+from .model.attention import KVStore
+from .scheduler import (MAX_PRIORITY, Drafter, QueueFull, ResumePoints, ScheduledChunk, Scheduler, Sequence,
+                             SeqStatus, TickPlan)
 from .tokenizer import Tokenizer
 from .registry import Implementation, choose
 from .families import family_names, load_family
@@ -44,18 +46,50 @@ from .families import family_names, load_family
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ConstraintsFactory', 'DrafterFactory', 'InboxMessage', 'ModelRunner',
-           'build_model_runner', 'compile_layers', 'ConstraintViolation', 'TokenConstraint', 'TickMasks',
-           'TokenConstraints', 'allocate_token_masks', 'append_token', 'SubmitRequest', 'CancelRequest', 'InspectCache',
-           'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes', 'kv_offload_budget_bytes',
-           'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine', 'check_servable',
-           'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
+__all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ConstraintsFactory', 'DrafterFactory', 'InboxMessage', 'SequenceStates',
+           'state_counts', 'ModelRunner', 'build_model_runner', 'compile_layers', 'ConstraintViolation',
+           'TokenConstraint', 'TickMasks', 'TokenConstraints', 'allocate_token_masks', 'append_token', 'SubmitRequest',
+           'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
+           'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine',
+           'sequence_states', 'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
+class SequenceStates(ResumePoints, Protocol):
+    "What a model keeps per running sequence beside its KV pages, from tick to tick, in the sequence's row of the runner."
+    nbytes: int              # what it holds, counted in the engine's memory budget
+    num_held: int            # sequences whose state it holds (in a row, or set aside while swapped out)
+    num_snapshots: int       # prefix snapshots it keeps (a prompt can start after the block each one ends)
+    num_snapshot_slots: int  # the most it can keep
+
+    def bind(self, kv: PagedKV, plan: TickPlan, rows: list[int]) -> KVStore:
+        "The store this tick's forward hands its layers: kv, and each chunk's state in its row (rows[i]: chunk i's)."
+        ...
+
+    def release(self, seq: Sequence, row: int | None) -> None:
+        "seq gave its row back (None: it held none): it ended, or it was preempted (seq.swapped_pages says how)."
+        ...
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        "Each running sequence's state is where it should be, and nothing is held for a sequence that is gone."
+        ...
+
+    def describe(self) -> str:
+        "What the states hold, for the start-up line."
+        ...
+
+
+def state_counts(states: SequenceStates) -> dict[str, int]:
+    "EngineStats' fields about the per-sequence states (for /health and /metrics)."
+    return dict(num_sequence_states=states.num_held, num_state_snapshots=states.num_snapshots,
+                num_state_snapshot_slots=states.num_snapshot_slots, state_bytes=states.nbytes)
+
+
 class ModelRunner:
     "Packs a tick's tokens, runs one forward, returns logits where sequences sample."
-    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend):
+    def __init__(self, model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend,
+                 states: SequenceStates | None = None):
         self.model, self.kv, self.page_size, self.backend = model, kv, kv.page_size, backend
+        self.states = states  # None: the model keeps nothing per sequence besides its pages
         self.device = model.device
         self.page_table_buffer = torch.zeros(max_rows, max_pages_per_seq, dtype=torch.long)  # on the host
         self._free_rows = list(range(max_rows - 1, -1, -1))
@@ -71,9 +105,10 @@ class ModelRunner:
         return row
 
     def release(self, seq: Sequence):
-        "The sequence left, or was preempted: its page-table row is free again."
+        "The sequence left, or was preempted: its page-table row (and the state kept there) is free again."
         entry = self._row_of.pop(seq.seq_id, None)
         if entry is not None: self._free_rows.append(entry[0])
+        if self.states is not None: self.states.release(seq, entry[0] if entry else None)
 
     def close(self):
         "The engine stopped; a runner with processes of its own stops them here (chapter 16). This one has none."
@@ -99,14 +134,15 @@ def run(self: ModelRunner, plan: TickPlan, timer: Timer | None = None) -> torch.
     "Logits [sum of the chunks' num_logits, vocab] (float32), in plan order; timer: time attention (chapter 15)."
     batch = self.batch(plan)
     kv = PagedKV(self.kv, batch, self.backend, timer)
+    if self.states is not None: kv = self.states.bind(kv, plan, [self._row_of[c.seq.seq_id][0] for c in plan.chunks])
     logits = self.model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=self.backend.run_layer)
     return logits[0]
 
 # %% ../nbs/11_engine.ipynb #16e50299
 def build_model_runner(model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend,
-                       **_) -> ModelRunner:
+                       states: SequenceStates | None = None, **_) -> ModelRunner:
     "The `eager` runner: every tick's forward runs op by op, as PyTorch executes it."
-    return ModelRunner(model, kv, max_rows, max_pages_per_seq, backend)
+    return ModelRunner(model, kv, max_rows, max_pages_per_seq, backend, states)
 
 
 EAGER_RUNNER = Implementation("runner", "eager", build_model_runner, 0, "eager")
@@ -296,7 +332,8 @@ class Engine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, eos_token_ids: frozenset[int],
                  config: EngineConfig, num_pages: int, backend: AttentionBackend | None = None,
                  make_runner: Callable[..., ModelRunner] | None = None, memory: MemoryProfile | None = None,
-                 constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None):
+                 constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None,
+                 states: SequenceStates | None = None):
         cfg = model.config
         self.max_model_len = config.context_length(cfg)  # the context served (a too-large max_model_len raises here)
         self.model, self.tokenizer, self.eos_token_ids, self.config = model, tokenizer, eos_token_ids, config
@@ -309,7 +346,8 @@ class Engine:
         self.copier = KVPageCopier(self.kv, self.host_kv) if self.host_kv else None
         cache = PrefixCache(config.prefix_cache_ttl_s) if config.enable_prefix_caching else None
         self.pages = PageManager(num_pages, config.page_size, cache, num_host_pages, self.copier)
-        self.scheduler = Scheduler(config, self.pages, self.max_model_len)
+        self.states = states if states is not None else sequence_states(model, config)  # None for most models
+        self.scheduler = Scheduler(config, self.pages, self.max_model_len, self.states)
         max_pages_per_seq = pages_needed(self.scheduler.max_request_tokens, config.page_size)
         # the attention backend: the one given, else the best registered one for config.attention (chapter 08);
         # a fallback from a backend meant for this machine was warned about when it was chosen
@@ -318,19 +356,12 @@ class Engine:
             choice = choose_backend(cfg, element, model.device, config.attention, dtype=model.dtype)
             backend, self.attention_passed_over = choice.value, choice.passed_over
         self.compile_s = compile_layers(model, COMPILE_MODE.get(model.device.type)) if config.compile else None
-        # the runner: the one given (chapter 16's), else the registry's for config.runner (auto: CUDA graphs where
-        # they run, chapter 17; else eager), with the reasons it passed over the others
-        if make_runner is None:
-            choice = choose("runner", config.runner, model=model, kv=self.kv, max_rows=config.max_batch_size,
-                            max_pages_per_seq=max_pages_per_seq, backend=backend, config=config)
-            self.runner, self.runner_passed_over = choice.value, choice.passed_over
-        else:
-            self.runner = make_runner(model, self.kv, config.max_batch_size, max_pages_per_seq, backend)
-            self.runner_passed_over = ()
+        self.runner, self.runner_passed_over = self._make_runner(make_runner, max_pages_per_seq, backend)
         self.budget_summary = ((memory.describe() + "; " if memory else "")
                                + describe_budget(replace(cfg, max_position_embeddings=self.max_model_len), num_pages, config.page_size, element, weight_bytes(model)) + "; "
                                + describe_host_budget(num_host_pages, config.page_size, page_bytes(cfg, config.page_size, element))
-                               + f"; pages {config.kv_reservation}")
+                               + f"; pages {config.kv_reservation}"
+                               + (f"; {self.states.describe()}" if self.states else ""))
         self._plug_in(constraints, drafter_factory)
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._lock = threading.Lock()
@@ -351,6 +382,23 @@ class Engine:
 
 # %% ../nbs/11_engine.ipynb #cc25a722
 @patch
+def _make_runner(self: Engine, make_runner: Callable[..., ModelRunner] | None, max_pages_per_seq: int,
+                 backend: AttentionBackend) -> tuple[ModelRunner, tuple[str, ...]]:
+    """The runner: the one make_runner makes (chapter 16's), else the registry's for config.runner (auto: CUDA graphs
+    where they run, chapter 17; else eager), with the reasons it passed over the others. It must keep the states."""
+    config, cfg = self.config, self.model.config
+    if make_runner is None:
+        choice = choose("runner", config.runner, model=self.model, kv=self.kv, max_rows=config.max_batch_size,
+                        max_pages_per_seq=max_pages_per_seq, backend=backend, config=config, states=self.states)
+        runner, passed_over = choice.value, choice.passed_over
+    else: runner, passed_over = make_runner(self.model, self.kv, config.max_batch_size, max_pages_per_seq, backend), ()
+    if self.states is not None and not (isinstance(runner, ModelRunner) and runner.states is self.states):
+        raise ValueError(f"the {type(runner).__name__} keeps no per-sequence state, which {cfg.architecture} "
+                         f"models need; use runner='eager'")
+    return runner, passed_over
+
+
+@patch
 def _plug_in(self: Engine, constraints: ConstraintsFactory | None, drafter_factory: DrafterFactory | None):
     "Make the token constraints and keep the drafters' factory; a speculative setting with no factory raises ValueError."
     if self.config.speculative != "off" and drafter_factory is None:
@@ -363,27 +411,32 @@ def _plug_in(self: Engine, constraints: ConstraintsFactory | None, drafter_facto
 
 
 # %% ../nbs/11_engine.ipynb #c3eb4e0d
-def check_servable(cfg) -> None:
-    "A ValueError in one line when the config's family says the engine cannot serve it yet (chapter 04's `Family`)."
-    if cfg.architecture not in family_names(): return  # a model built by hand, of no registered family
-    reason = load_family(cfg.architecture).engine_unsupported
-    if reason: raise ValueError(f"{cfg.architecture} models cannot be served: {reason}")
+def sequence_states(model: CausalLM, config: EngineConfig) -> SequenceStates | None:
+    "What the model's family keeps per sequence beside the pages (chapter 04's `Family.sequence_states`), or None."
+    cfg = model.config
+    if cfg.architecture not in family_names(): return None  # a model built by hand, of no registered family
+    make = load_family(cfg.architecture).sequence_states
+    return make(cfg, config, config.max_batch_size, model.dtype, model.device) if make else None
 
 
 @patch(cls_method=True)
 def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, config: EngineConfig,
            constraints: ConstraintsFactory | None = None, drafter_factory: DrafterFactory | None = None) -> Engine:
     "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
-    check_servable(model.config)
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
     memory = None
     if config.kv_cache_bytes is None and model.device.type == "cuda":
         memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
     budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
+    states = sequence_states(model, config)  # their bytes come out of the pages' budget
+    if states is not None and states.nbytes >= budget:
+        raise ValueError(f"the {states.describe()} fill the KV budget of {budget / 2**20:,.1f} MiB; lower "
+                         f"max_batch_size or raise kv_cache_bytes")
+    budget -= states.nbytes if states else 0
     num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
     engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory,
-                 constraints=constraints, drafter_factory=drafter_factory)
+                 constraints=constraints, drafter_factory=drafter_factory, states=states)
     engine.attention_passed_over = choice.passed_over
     return engine
 
@@ -473,7 +526,8 @@ def _snapshot(self: Engine) -> EngineStats:
                        kv_bytes_to_host=copier.bytes_to_host if copier else 0,
                        kv_bytes_to_device=copier.bytes_to_device if copier else 0,
                        kv_copy_s=copier.seconds if copier else 0.0,
-                       num_draft_tokens=sched.num_draft_tokens, num_accepted_tokens=sched.num_accepted_tokens)
+                       num_draft_tokens=sched.num_draft_tokens, num_accepted_tokens=sched.num_accepted_tokens,
+                       **(state_counts(self.states) if self.states else {}))
 
 
 @patch

@@ -45,12 +45,12 @@ class Family:
     attention_shapes: Callable[[ModelConfig, str], Shapes] | None = None  # (cfg, "model.layers.3.") -> the
                                                               # attention tensors to check; None: GQA's projections
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
-    engine_unsupported: str | None = None                     # why the paged engine cannot serve this family yet
-                                                              # (the model still loads and runs); None: it can
     replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
                                                               # tensor-parallel rank holds whole: the family's own parts
     checkpoint_name: Callable[[str], str | None] | None = None  # a file's tensor name -> the text model's Hugging
                                                               # Face name, or None: not read; None: names as they are
+    sequence_states: Callable | None = None                   # (cfg, engine config, rows, dtype, device) -> what the
+                                                              # engine keeps per sequence beside its KV pages; None: nothing
 
 # %% ../nbs/04_weights.ipynb #bde9a658
 def family_names() -> tuple[str, ...]:

@@ -184,6 +184,10 @@ class EngineStats:
     kv_copy_s: float = 0.0            # engine-thread seconds of copies between the tiers
     num_draft_tokens: int = 0         # tokens decodes drafted (their drafters' guesses)
     num_accepted_tokens: int = 0      # of which the model confirmed: each one a token without a forward of its own
+    num_sequence_states: int = 0      # sequences whose per-sequence state the engine holds (running or swapped out)
+    num_state_snapshots: int = 0      # prefix snapshots of those states kept, out of num_state_snapshot_slots
+    num_state_snapshot_slots: int = 0
+    state_bytes: int = 0              # what the per-sequence states take (0: the model keeps none)
 
 # %% ../nbs/11_engine.ipynb #a9545cb6
 class CacheTotals(NamedTuple):

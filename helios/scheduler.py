@@ -26,7 +26,7 @@ from .kv.prefix_cache import PrefixMatch, prompt_block_hashes
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['AGED_PREFILL_SHARE', 'MAX_PRIORITY', 'Drafter', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan',
+__all__ = ['AGED_PREFILL_SHARE', 'MAX_PRIORITY', 'Drafter', 'ResumePoints', 'SeqStatus', 'Sequence', 'ScheduledChunk', 'TickPlan',
            'RequestTooLarge', 'QueueFull', 'Scheduler']
 
 # %% ../nbs/10_scheduler.ipynb #5f6d426c
@@ -34,6 +34,13 @@ class Drafter(Protocol):
     "What a sequence's decodes draft with: guesses of the tokens after its newest one, made without the model."
     def propose(self, prompt_ids: list[int], output_ids: list[int], k: int) -> list[int]:
         "Up to k tokens that may follow prompt_ids + output_ids; [] when it has no guess."
+        ...
+
+
+class ResumePoints(Protocol):
+    "Where a model can start a prompt after its cached prefix: after any cached block, unless it says otherwise."
+    def usable_blocks(self, seq: Sequence, num_blocks: int) -> int:
+        "How many of seq's first num_blocks cached prompt blocks the model can start after (0 to num_blocks)."
         ...
 
 
@@ -156,8 +163,10 @@ class QueueFull(RuntimeError):
 # %% ../nbs/10_scheduler.ipynb #f14ed3cd
 class Scheduler:
     "Admission by priority then arrival, pages on demand with preemption (or reserved up front), decode-first token budget, chunked and aged prefill. Tensor-free."
-    def __init__(self, config: EngineConfig, pages: PageManager, max_model_len: int):
+    def __init__(self, config: EngineConfig, pages: PageManager, max_model_len: int,
+                 resume_points: ResumePoints | None = None):
         self.config, self.pages, self.max_model_len = config, pages, max_model_len
+        self.resume_points = resume_points  # None: a prompt may start after any cached block
         self.on_demand = config.kv_reservation == "on-demand"
         self.keep_free = int(config.kv_watermark * pages.num_pages) if self.on_demand else 0  # pages admission leaves
         self.waiting: deque[Sequence] = deque()   # by priority, then arrival
@@ -310,17 +319,29 @@ def _take_pages(self: Scheduler, seq: Sequence) -> bool:
         if self._swap_in(seq): return True
         if seq.swapped_pages is not None: return False  # no room yet
     tokens = self._tokens_to_hold(seq)
-    match = self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens)
+    match = self._usable(seq, self.pages.match_prefix(seq.block_hashes, seq.num_prompt_tokens))
     if not self.pages.can_allocate(tokens, match, self._keep_free()): return False
     first = seq.num_preemptions == 0  # the prefix cache counts a sequence's lookup once
     try: seq.page_table = self.pages.allocate(tokens, match, count_use=first)
     except Exception:  # copying host blocks back failed: the cached device pages alone, the rest computed
         _log.warning("copying cached pages back from the host tier failed; prefilling them", exc_info=True)
-        match = PrefixMatch(len(match.pages) * self.pages.page_size, match.pages, match.num_queried_tokens)
+        match = self._usable(seq, PrefixMatch(len(match.pages) * self.pages.page_size, match.pages,
+                                               match.num_queried_tokens))
         seq.page_table = self.pages.allocate(tokens, match, count_use=first)
     if seq.num_preemptions == 0: seq.num_cached_tokens = match.num_cached_tokens
     seq.num_computed_tokens = match.num_cached_tokens
     return True
+
+
+# %% ../nbs/10_scheduler.ipynb #10c0a1b3
+@patch
+def _usable(self: Scheduler, seq: Sequence, match: PrefixMatch) -> PrefixMatch:
+    "The match cut to the blocks the model can start after (all of them unless resume_points says otherwise)."
+    blocks = len(match.pages) + len(match.host_blocks)
+    keep = self.resume_points.usable_blocks(seq, blocks) if self.resume_points and blocks else blocks
+    if keep == blocks: return match
+    return PrefixMatch(keep * self.pages.page_size, match.pages[:keep], match.num_queried_tokens,
+                       match.host_blocks[:max(0, keep - len(match.pages))])
 
 
 @patch

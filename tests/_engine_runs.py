@@ -1,5 +1,6 @@
 """The engine run the family tests share: the first prompt alone (its prefix pages are then cached), the rest
-batched after it, the pool's invariants checked after every step, and no page leaked at the end."""
+batched after it, the pool's invariants (and the per-sequence states', where the model keeps some) checked after
+every step, and no page or state leaked at the end."""
 from helios import SamplingParams
 from helios.config import EngineConfig
 from helios.engine import Engine
@@ -16,10 +17,17 @@ def run_engine(model, tokenizer, prompts: list[list[int]], num_pages: int, **con
     engine = Engine(model, tokenizer, frozenset(), engine_config, num_pages, **engine_plugins(engine_config))
     first, *rest = prompts
     handles = [engine.submit(first, GREEDY)]  # alone first: its prefix blocks are cached when the others arrive
-    while engine.step(): engine.pages.check_invariants()
+    while engine.step(): check_invariants(engine)
     handles += [engine.submit(p, GREEDY) for p in rest]
-    while engine.step(): engine.pages.check_invariants()
+    while engine.step(): check_invariants(engine)
     stats = engine.stats()
     assert stats.num_used_pages == 0 and stats.num_running == 0
     assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages  # no page leaked
+    assert stats.num_sequence_states == 0  # no state left in a row or on the host
     return [h.result() for h in handles], stats
+
+
+def check_invariants(engine: Engine):
+    "The pool's invariants, and the per-sequence states' where the model keeps some."
+    engine.pages.check_invariants()
+    if engine.states is not None: engine.states.check_invariants(engine.scheduler.running)

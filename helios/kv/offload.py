@@ -46,8 +46,8 @@ class HostKVPool:
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, pin: bool):
         layout = cfg.kv_layout
         zeros = (lambda *shape: pinned_zeros(shape, dtype)) if pin else (lambda *shape: torch.zeros(shape, dtype=dtype))
-        self.k = zeros(num_pages, cfg.num_layers, page_size, layout.num_heads, layout.k_dim)
-        self.v = None if layout.v_in_k else zeros(num_pages, cfg.num_layers, page_size, layout.num_heads, layout.v_dim)
+        self.k = zeros(num_pages, cfg.num_kv_layers, page_size, layout.num_heads, layout.k_dim)
+        self.v = None if layout.v_in_k else zeros(num_pages, cfg.num_kv_layers, page_size, layout.num_heads, layout.v_dim)
         self.num_pages, self.page_size = num_pages, page_size
 
     def tensors(self) -> tuple[torch.Tensor, ...]:

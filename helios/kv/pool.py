@@ -14,12 +14,12 @@ from ..config import EngineConfig, ModelConfig
 from ..registry import AUTO
 
 class KVPool:
-    "K and V pages for every layer, laid out as the model's kv_layout: k [L, P, page_size, H, Dk], v likewise or None."
+    "K and V pages for every layer that keeps them, laid out as the model's kv_layout: k [L, P, page_size, H, Dk], v likewise or None."
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str,
                  scratch_page: bool = False):
         layout, total = cfg.kv_layout, num_pages + scratch_page
-        self.k = torch.zeros(cfg.num_layers, total, page_size, layout.num_heads, layout.k_dim, dtype=dtype, device=device)
-        self.v = None if layout.v_in_k else torch.zeros(cfg.num_layers, total, page_size, layout.num_heads,
+        self.k = torch.zeros(cfg.num_kv_layers, total, page_size, layout.num_heads, layout.k_dim, dtype=dtype, device=device)
+        self.v = None if layout.v_in_k else torch.zeros(cfg.num_kv_layers, total, page_size, layout.num_heads,
                                                         layout.v_dim, dtype=dtype, device=device)
         self.num_pages, self.page_size, self.v_dim = num_pages, page_size, layout.v_dim
         # one page past the others that no sequence is ever given: where the rows that pad a CUDA graph's batch write

@@ -7,29 +7,33 @@ Docs: https://helios-engine.github.io/helios/hybrid.html.md"""
 # %% ../../nbs/20_hybrid.ipynb #20a004
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import nn
 
-from ..config import KVLayout
+from ..attention.base import PagedKV
+from ..config import EngineConfig, KVLayout
 from ..families import Family, Shapes
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
 from .moe import MoEConfig, MoEModelConfig, SparseMoE, stack_experts
 from .qwen3 import CausalLM, DecoderLayer
 from ..reference import KVCache, decode_one_token
+from ..scheduler import Sequence, TickPlan
 
 # %% auto #0
-__all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT_STATE_BYTES', 'ZERO_CENTRED_NORMS',
-           'DROPPED_PREFIXES', 'ENGINE_UNSUPPORTED', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE', 'QWEN3_5_MOE_TEXT',
+__all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT_STATE_BYTES', 'Mix', 'ZERO_CENTRED_NORMS',
+           'DROPPED_PREFIXES', 'SNAPSHOTS_PER_ROW', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE', 'QWEN3_5_MOE_TEXT',
            'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked', 'causal_conv', 'HybridConfig',
            'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore', 'GatedRMSNorm', 'GatedDeltaNet',
            'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer', 'checkpoint_name', 'adapt_state_dict',
-           'hybrid_attention_shapes', 'hybrid_family', 'HybridCache', 'prefill_chunk', 'generate_hybrid']
+           'HybridCache', 'prefill_chunk', 'generate_hybrid', 'StatePool', 'Run', 'PagedHybridKV', 'hybrid_states',
+           'hybrid_attention_shapes', 'hybrid_family']
 
 # %% ../../nbs/20_hybrid.ipynb #20a006
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -143,6 +147,9 @@ class HybridConfig(MoEModelConfig):
     @property
     def kv_layout(self) -> KVLayout: return KVLayout(self.num_kv_heads, self.attention_head_dim, self.attention_head_dim)
 
+    @property
+    def num_kv_layers(self) -> int: return self.layer_types.count("full_attention")  # the linear ones keep no K/V
+
 # %% ../../nbs/20_hybrid.ipynb #20a014
 @patch(as_prop=True)
 def full_attention_layers(self: HybridConfig) -> tuple[int, ...]:
@@ -160,12 +167,6 @@ def linear_layers(self: HybridConfig) -> tuple[int, ...]:
 def conv_dim(self: HybridConfig) -> int:
     "Channels of the short convolution: the linear layer's q, k and v side by side."
     return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
-
-
-@patch
-def kv_bytes_per_token(self: HybridConfig, dtype_bytes: int) -> int:
-    "Bytes the KV cache keeps for one token: the full-attention layers only."
-    return len(self.full_attention_layers) * self.kv_layout.values_per_token * dtype_bytes
 
 
 @patch
@@ -258,14 +259,15 @@ class LinearState(NamedTuple):
     recurrent: torch.Tensor  # [B, Hv, Dk, Dv] float32: each value head's state matrix
 
 
+# (qkv [B, T, conv_dim], beta [B, T, Hv], g [B, T, Hv], the state before) -> (out [B, T, Hv, Dv], the state after)
+Mix = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LinearState], tuple[torch.Tensor, LinearState]]
+
+
 @runtime_checkable
 class LinearStateStore(Protocol):
-    "What a linear-attention layer calls to read and keep its per-sequence state."
-    def linear_state(self, layer_idx: int) -> LinearState:
-        "The layer's state before this forward's tokens."
-
-    def set_linear_state(self, layer_idx: int, state: LinearState) -> None:
-        "Keep the layer's state after this forward's tokens."
+    "What a linear-attention layer hands its recurrence to: the store runs it from each sequence's state, and keeps the state after."
+    def scan(self, layer_idx: int, mix: Mix, qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        "mix over this forward's tokens (qkv: [B, T, conv_dim]; beta, g: [B, T, Hv]) -> its output [B, T, Hv, Dv]."
 
 # %% ../../nbs/20_hybrid.ipynb #20a01c
 class GatedRMSNorm(nn.Module):
@@ -309,25 +311,34 @@ class GatedDeltaNet(nn.Module):
 
 # %% ../../nbs/20_hybrid.ipynb #20a01e
 @patch
-def forward(self: GatedDeltaNet, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            kv: LinearStateStore | None = None) -> torch.Tensor:
-    "x: [B, T, hidden] -> [B, T, hidden]; cos and sin are unused (the recurrence knows the order)."
-    B, T, _ = x.shape
-    if kv is not None and not isinstance(kv, LinearStateStore):  # e.g. a KV pool that knows only pages
-        raise TypeError(f"{type(kv).__name__} keeps no linear-attention state; run a hybrid model with a HybridCache")
-    state = kv.linear_state(self.layer_idx) if kv is not None else self.zero_state(B, x)
-    qkv, conv_state = causal_conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0], state.conv)  # [B, T, conv_dim]
+def mix(self: GatedDeltaNet, qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
+        state: LinearState) -> tuple[torch.Tensor, LinearState]:
+    "The convolution and the delta rule from `state`: qkv [B, T, conv_dim] -> (out [B, T, Hv, Dv] float32, the state after)."
+    B, T, _ = qkv.shape
+    qkv, conv_state = causal_conv(qkv, self.conv1d.weight[:, 0], state.conv)  # [B, T, conv_dim]
     key_size = self.num_k_heads * self.k_dim
     q, k, v = F.silu(qkv).split([key_size, key_size, self.num_v_heads * self.v_dim], dim=-1)
     per_key_head = self.num_v_heads // self.num_k_heads                    # value heads each key head serves
     q, k = (l2_normalize(t.float().view(B, T, self.num_k_heads, self.k_dim)).repeat_interleave(per_key_head, dim=2)
             for t in (q, k))                                               # [B, T, Hv, Dk]
     v = v.float().view(B, T, self.num_v_heads, self.v_dim)                 # [B, T, Hv, Dv]
-    beta = self.in_proj_b(x).float().sigmoid()                             # [B, T, Hv] in (0, 1)
-    g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [B, T, Hv] <= 0
     rule = delta_rule_by_step if T == 1 else delta_rule_chunked
     out, recurrent = rule(q * self.k_dim ** -0.5, k, v, g, beta, state.recurrent)  # out: [B, T, Hv, Dv]
-    if kv is not None: kv.set_linear_state(self.layer_idx, LinearState(conv_state, recurrent))
+    return out, LinearState(conv_state, recurrent)
+
+
+@patch
+def forward(self: GatedDeltaNet, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            kv: LinearStateStore | None = None) -> torch.Tensor:
+    "x: [B, T, hidden] -> [B, T, hidden]; cos and sin are unused (the recurrence knows the order)."
+    B, T, _ = x.shape
+    if kv is not None and not isinstance(kv, LinearStateStore):  # e.g. a KV pool that knows only pages
+        raise TypeError(f"{type(kv).__name__} keeps no linear-attention state; run a hybrid model with a HybridCache")
+    qkv = self.in_proj_qkv(x)                                              # [B, T, conv_dim]: q, k, v side by side
+    beta = self.in_proj_b(x).float().sigmoid()                             # [B, T, Hv] in (0, 1)
+    g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [B, T, Hv] <= 0
+    if kv is None: out, _ = self.mix(qkv, beta, g, self.zero_state(B, x))
+    else: out = kv.scan(self.layer_idx, self.mix, qkv, beta, g)
     out = self.norm(out.to(x.dtype), self.in_proj_z(x).view(B, T, self.num_v_heads, self.v_dim))
     return self.out_proj(out.reshape(B, T, -1))
 
@@ -401,29 +412,6 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
     return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
 
-# %% ../../nbs/20_hybrid.ipynb #4a30fee4
-ENGINE_UNSUPPORTED = ("the engine does not serve linear-attention layers yet (their conv and recurrent states need "
-                      "a state pool beside the KV pages); run the model with helios.model.hybrid.generate_hybrid")
-
-
-def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
-    "A full-attention layer's tensors for chapter 04's shape check (`layer`: 'model.layers.3.'); none for a linear one."
-    if cfg.layer_types[int(layer.split(".")[2])] != "full_attention": return
-    h, q, kv, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.attention_head_dim
-    yield from [(layer + "self_attn.q_proj.weight", (2 * q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
-                (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q)),
-                (layer + "self_attn.q_norm.weight", (d,)), (layer + "self_attn.k_norm.weight", (d,))]
-
-
-def hybrid_family(model_type: str) -> Family:
-    "The family of one of Qwen3.5's model_types: all four read and build alike."
-    return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
-                  engine_unsupported=ENGINE_UNSUPPORTED, checkpoint_name=checkpoint_name)
-
-
-QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")
-QWEN3_5_MOE, QWEN3_5_MOE_TEXT = hybrid_family("qwen3_5_moe"), hybrid_family("qwen3_5_moe_text")
-
 # %% ../../nbs/20_hybrid.ipynb #20a027
 class HybridCache:
     "A batch of B sequences' state in a hybrid model: K/V for the full-attention layers, conv and recurrent states for the linear ones."
@@ -442,14 +430,13 @@ class HybridCache:
         "Tokens every sequence has run."
         return self.kv.length
 
-    def linear_state(self, layer_idx: int) -> LinearState:
+    def scan(self, layer_idx: int, mix: Mix, qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        "The B sequences run in lockstep: mix once, from the layer's state, which it then replaces."
         s = self.state_slot[layer_idx]
-        return LinearState(self.conv[s], self.recurrent[s])
-
-    def set_linear_state(self, layer_idx: int, state: LinearState) -> None:
-        s = self.state_slot[layer_idx]
+        out, state = mix(qkv, beta, g, LinearState(self.conv[s], self.recurrent[s]))
         self.conv[s].copy_(state.conv)
         self.recurrent[s].copy_(state.recurrent)
+        return out
 
     def advance(self, num_tokens: int):
         self.kv.advance(num_tokens)
@@ -507,3 +494,234 @@ def generate_hybrid(model: CausalLM, prompt_ids: list[int], max_new_tokens: int,
         logits = decode_one_token(model, cache, torch.tensor([tokens[-1]], device=model.device))
         tokens.append(int(logits[0].argmax()))
     return tokens
+
+# %% ../../nbs/20_hybrid.ipynb #20b002
+class StatePool:
+    """The linear layers' states in the engine: a slot per runner row (each running sequence's own), and snapshots
+    of prompts' states at the ends of their blocks, by the block's hash, the least recently used given up first."""
+    def __init__(self, cfg: HybridConfig, num_rows: int, num_snapshots: int, page_size: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.state_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
+        self.kv_slot = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+        n, slots = len(cfg.linear_layers), num_rows + num_snapshots  # rows first, then snapshot slots
+        self.conv = torch.zeros(n, slots, cfg.conv_dim, cfg.conv_kernel_size - 1, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(n, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                     cfg.linear_value_head_dim, dtype=torch.float32, device=device)
+        self.num_rows, self.num_snapshot_slots, self.page_size = num_rows, num_snapshots, page_size
+        self.state_bytes = cfg.linear_state_bytes(self.conv.element_size())     # one slot, all linear layers
+        self.nbytes = slots * self.state_bytes
+        self.row_tokens: dict[int, int] = {}   # row -> tokens its state has run (a row not here holds nothing)
+        self.snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
+        self.free_slots = list(range(slots - 1, num_rows - 1, -1))
+        self.chosen: dict[int, bytes] = {}     # seq_id -> the snapshot its admission chose, kept until it starts
+        self.pending: list[tuple[bytes, int]] = []  # (block hash, slot): snapshots this tick's forward is filling
+        self.swapped: dict[int, tuple[int, LinearState]] = {}  # seq_id -> (tokens, state on the host): swapped out
+        self.num_restored = 0                  # sequences that started from a snapshot
+
+    @property
+    def num_held(self) -> int: return len(self.row_tokens) + len(self.swapped)
+
+    @property
+    def num_snapshots(self) -> int: return len(self.snapshots)
+
+    def describe(self) -> str:
+        return (f"linear-attention states {self.nbytes / 2**20:,.1f} MiB = ({self.num_rows} rows + "
+                f"{self.num_snapshot_slots} prefix snapshots) x {self.state_bytes / 2**20:.2f} MiB")
+
+    def copy_slot(self, src: int, dst: int):
+        "Every linear layer's state in slot src, copied to slot dst."
+        self.conv[:, dst].copy_(self.conv[:, src])
+        self.recurrent[:, dst].copy_(self.recurrent[:, src])
+
+# %% ../../nbs/20_hybrid.ipynb #20b004
+@patch
+def usable_blocks(self: StatePool, seq: Sequence, num_blocks: int) -> int:
+    "The deepest of seq's first num_blocks cached blocks with a snapshot (0: none), kept for it until it starts."
+    for n in range(num_blocks, 0, -1):
+        h = seq.block_hashes[n - 1]
+        if h in self.snapshots:
+            self.snapshots.move_to_end(h)
+            self.chosen[seq.seq_id] = h
+            return n
+    self.chosen.pop(seq.seq_id, None)
+    return 0
+
+
+@patch
+def take_snapshot_slot(self: StatePool, h: bytes) -> int | None:
+    "A slot for block h's snapshot: a free one, else the least recently used one no admission chose; None if none."
+    if self.free_slots: return self.free_slots.pop()
+    kept = set(self.chosen.values())
+    for old in self.snapshots:
+        if old not in kept: return self.snapshots.pop(old)
+    return None
+
+
+@patch
+def start(self: StatePool, row: int, seq: Sequence, start: int):
+    "Make row hold seq's state after its first `start` tokens: it does already, or zeros, or its swapped or snapshot state."
+    if self.row_tokens.get(row) == start: return
+    swapped = self.swapped.pop(seq.seq_id, None)
+    if start == 0:
+        self.conv[:, row].zero_()
+        self.recurrent[:, row].zero_()
+    elif swapped is not None and swapped[0] == start:
+        self.conv[:, row].copy_(swapped[1].conv)
+        self.recurrent[:, row].copy_(swapped[1].recurrent)
+    else:
+        h = seq.block_hashes[start // self.page_size - 1] if start % self.page_size == 0 else None
+        if h not in self.snapshots:
+            raise RuntimeError(f"sequence {seq.seq_id} starts at token {start}, where no state of it is kept")
+        self.copy_slot(self.snapshots[h], row)
+        self.num_restored += 1
+    self.chosen.pop(seq.seq_id, None)
+    self.row_tokens[row] = start
+
+# %% ../../nbs/20_hybrid.ipynb #20b006
+class Run(NamedTuple):
+    "One chunk's part of a tick in the linear layers."
+    row: int                           # where its state is
+    first: int                         # its first token's index in the packed tick
+    num_tokens: int
+    cuts: dict[int, int]               # tokens into the chunk at which a block ends -> the snapshot slot it fills
+
+
+class PagedHybridKV:
+    """One tick's store for a hybrid model: the full-attention layers' calls go to chapter 08's PagedKV at their
+    index in the pool; the linear layers' recurrence runs per chunk from its row's state (one-token chunks together)."""
+    def __init__(self, states: StatePool, kv: PagedKV, runs: list[Run]):
+        self.states, self.kv, self.batch = states, kv, kv.batch  # (an attention backend reads .batch)
+        self.last_linear = max(states.state_slot)
+        single = [r for r in runs if r.num_tokens == 1 and not r.cuts]
+        device = states.conv.device
+        self.single_rows = torch.tensor([r.row for r in single], dtype=torch.long, device=device)      # [R]
+        self.single_tokens = torch.tensor([r.first for r in single], dtype=torch.long, device=device)  # [R]
+        self.others = [r for r in runs if r.num_tokens > 1 or r.cuts]
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        return self.kv.attend(self.states.kv_slot[layer_idx], q, k, v, scale)
+
+    def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        self.kv.store(self.states.kv_slot[layer_idx], k, v)
+
+    def attend_stored(self, layer_idx: int, q: torch.Tensor, seqs: list[int], scale: float | None = None) -> torch.Tensor:
+        return self.kv.attend_stored(self.states.kv_slot[layer_idx], q, seqs, scale)
+
+    def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
+        return self.kv.lengths(num_tokens)
+
+    def contexts(self, layer_idx: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                 seqs: list[int] | None = None) -> list[SequenceContext]:
+        return self.kv.contexts(self.states.kv_slot[layer_idx], k, v, seqs)
+
+# %% ../../nbs/20_hybrid.ipynb #20b008
+@patch
+def scan(self: PagedHybridKV, layer_idx: int, mix: Mix, qkv: torch.Tensor, beta: torch.Tensor,
+         g: torch.Tensor) -> torch.Tensor:
+    "mix over the packed tick (qkv: [1, N, conv_dim]; beta, g: [1, N, Hv]) from each chunk's row -> [1, N, Hv, Dv]."
+    s = self.states.state_slot[layer_idx]
+    conv, rec = self.states.conv[s], self.states.recurrent[s]               # [slots, ...] of this layer
+    out = torch.empty(*g.shape, rec.shape[-1], dtype=torch.float32, device=g.device)
+    if len(self.single_rows):  # one token each: a batch of B = R sequences, T = 1
+        t, r = self.single_tokens, self.single_rows
+        o, state = mix(qkv[0, t, None], beta[0, t, None], g[0, t, None], LinearState(conv[r], rec[r]))
+        out[0, t] = o[:, 0]
+        conv[r], rec[r] = state.conv, state.recurrent
+    for run in self.others:  # one at a time, in pieces that end where a snapshot is taken
+        state, lo = LinearState(conv[run.row, None], rec[run.row, None]), 0
+        for hi in sorted({*run.cuts, run.num_tokens}):
+            a, b = run.first + lo, run.first + hi
+            o, state = mix(qkv[:, a:b], beta[:, a:b], g[:, a:b], state)
+            out[:, a:b] = o
+            if hi in run.cuts: conv[run.cuts[hi]], rec[run.cuts[hi]] = state.conv[0], state.recurrent[0]
+            lo = hi
+        conv[run.row], rec[run.row] = state.conv[0], state.recurrent[0]
+    if layer_idx == self.last_linear: self.states.commit()  # every linear layer has run: the snapshots are whole
+    return out
+
+# %% ../../nbs/20_hybrid.ipynb #20b00a
+@patch
+def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> PagedHybridKV:
+    "This tick's store: every chunk's row made ready, and a snapshot slot at each prompt block end a chunk passes."
+    self.free_slots += [slot for _, slot in self.pending]  # a forward that failed before its last linear layer
+    self.pending = []
+    for chunk, row in zip(plan.chunks, rows): self.start(row, chunk.seq, chunk.start)  # before any slot is taken
+    runs, size = [], self.page_size
+    for chunk, row, first in zip(plan.chunks, rows, kv.batch.query_starts):
+        end, hashes, cuts = chunk.start + chunk.num_tokens, chunk.seq.block_hashes, {}
+        for block_end in range((chunk.start // size + 1) * size, min(end, len(hashes) * size) + 1, size):
+            h = hashes[block_end // size - 1]
+            if h in self.snapshots or any(h == p for p, _ in self.pending):
+                if h in self.snapshots: self.snapshots.move_to_end(h)
+                continue
+            slot = self.take_snapshot_slot(h)
+            if slot is None: continue
+            cuts[block_end - chunk.start] = slot
+            self.pending.append((h, slot))
+        runs.append(Run(row, first, chunk.num_tokens, cuts))
+        self.row_tokens[row] = end  # what the forward leaves there
+    return PagedHybridKV(self, kv, runs)
+
+
+@patch
+def commit(self: StatePool):
+    "The forward ran every linear layer: the snapshots it took now stand for their blocks."
+    for h, slot in self.pending: self.snapshots[h] = slot
+    self.pending = []
+
+# %% ../../nbs/20_hybrid.ipynb #20b00c
+@patch
+def release(self: StatePool, seq: Sequence, row: int | None):
+    "seq gave its row back: a sequence preempted by swapping keeps its state on the host; otherwise it is dropped."
+    self.chosen.pop(seq.seq_id, None)
+    tokens = self.row_tokens.pop(row, None) if row is not None else None
+    if seq.swapped_pages is not None and tokens is not None:
+        self.swapped[seq.seq_id] = tokens, LinearState(self.conv[:, row].to("cpu", copy=True),
+                                                       self.recurrent[:, row].to("cpu", copy=True))
+    elif seq.swapped_pages is None:
+        self.swapped.pop(seq.seq_id, None)  # ended, or resumed by recomputing
+
+
+@patch
+def check_invariants(self: StatePool, running: list[Sequence]):
+    "Every snapshot slot is free or holds one block; only running sequences hold rows; nothing is half taken."
+    assert not self.pending, "a forward's snapshots were neither kept nor given back"
+    slots = sorted([*self.snapshots.values(), *self.free_slots])
+    assert slots == list(range(self.num_rows, self.num_rows + self.num_snapshot_slots)), "a snapshot slot leaked"
+    assert len(self.row_tokens) <= len(running) and all(0 <= r < self.num_rows for r in self.row_tokens)
+    assert not {s.seq_id for s in running if not s.is_prefilling} & set(self.chosen)
+
+# %% ../../nbs/20_hybrid.ipynb #20b00d
+SNAPSHOTS_PER_ROW = 1  # prefix snapshots kept per runner row: the state pool is twice the rows' states
+
+
+def hybrid_states(cfg: HybridConfig, config: EngineConfig, rows: int, dtype: torch.dtype,
+                  device: torch.device | str) -> StatePool:
+    "The engine's `StatePool` for a hybrid model (chapter 04's `Family.sequence_states`); ValueError where it cannot run."
+    if config.speculative != "off":
+        raise ValueError("speculative decoding cannot run a linear-attention model: a rejected draft token would have "
+                         "to be taken back out of the recurrent state; use speculative='off'")
+    if config.world_size > 1:
+        raise ValueError("linear-attention layers are not split across ranks; run a hybrid model with world size 1")
+    snapshots = rows * SNAPSHOTS_PER_ROW if config.enable_prefix_caching else 0
+    return StatePool(cfg, rows, snapshots, config.page_size, dtype, device)
+
+# %% ../../nbs/20_hybrid.ipynb #4a30fee4
+def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
+    "A full-attention layer's tensors for chapter 04's shape check (`layer`: 'model.layers.3.'); none for a linear one."
+    if cfg.layer_types[int(layer.split(".")[2])] != "full_attention": return
+    h, q, kv, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.attention_head_dim
+    yield from [(layer + "self_attn.q_proj.weight", (2 * q, h)), (layer + "self_attn.k_proj.weight", (kv, h)),
+                (layer + "self_attn.v_proj.weight", (kv, h)), (layer + "self_attn.o_proj.weight", (h, q)),
+                (layer + "self_attn.q_norm.weight", (d,)), (layer + "self_attn.k_norm.weight", (d,))]
+
+
+def hybrid_family(model_type: str) -> Family:
+    "The family of one of Qwen3.5's model_types: all four read and build alike."
+    return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
+                  checkpoint_name=checkpoint_name, sequence_states=hybrid_states)
+
+
+QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")
+QWEN3_5_MOE, QWEN3_5_MOE_TEXT = hybrid_family("qwen3_5_moe"), hybrid_family("qwen3_5_moe_text")

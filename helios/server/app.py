@@ -118,7 +118,10 @@ def add_status_routes(app: FastAPI, llm: LLM, settings: ServerSettings, metrics:
                 "kv_pages": {"device": _tier(s.num_pages, s.num_free_pages, s.num_used_pages, s.num_cached_pages),
                              "host": _tier(s.num_host_pages, s.num_host_free_pages, s.num_host_swapped_pages,
                                            s.num_host_cached_pages)},
-                "preemptions": s.num_preemptions}
+                "preemptions": s.num_preemptions,
+                **({"sequence_states": {"held": s.num_sequence_states, "snapshots": s.num_state_snapshots,
+                                        "snapshot_slots": s.num_state_snapshot_slots, "bytes": s.state_bytes}}
+                   if s.state_bytes else {})}
 
     @app.get("/metrics")
     async def prometheus():

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from conftest import PEAKED_INIT_RANGE, transformers_greedy
+from _hybrid_checkpoints import SHAPES, save_reference
+from conftest import transformers_greedy
 from safetensors.torch import load_file
 
 from helios.model.attention import KVStore
@@ -19,66 +20,6 @@ from helios.reference import decode_one_token
 
 LOGIT_ATOL = 1e-4   # ours against transformers, one forward (both run the chunked rule)
 STEP_ATOL = 1e-3    # stepped against chunked: the same sums in another order, on logits of std ~10
-COMMON = dict(vocab_size=256, hidden_size=64, initializer_range=PEAKED_INIT_RANGE, max_position_embeddings=1024,
-              bos_token_id=None, eos_token_id=None, pad_token_id=None)
-DENSE = dict(intermediate_size=96)
-SHAPES = {  # qwen3_5 (dense MLP) and qwen3_5_moe (experts and a gated shared expert in every layer)
-    # Qwen3.5's pattern (3 linear, 1 full), GQA 4/2, 2 key heads serving 4 value heads, conv 4, untied
-    "interval4_gqa_conv4_untied": dict(**DENSE, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                                       linear_value_head_dim=12, linear_conv_kernel_dim=4, full_attention_interval=4,
-                                       tie_word_embeddings=False),
-    # every second layer full, one KV head, as many value heads as key heads, conv 2, tied
-    "interval2_mqa_conv2_tied": dict(**DENSE, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-                                     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
-                                     linear_value_head_dim=8, linear_conv_kernel_dim=2, full_attention_interval=2,
-                                     tie_word_embeddings=True),
-    # full attention first, half of each head rotated, q/k/v/o biases, 3 value heads on 1 key head, conv 3, tied
-    "types_full_first_conv3_bias": dict(**DENSE, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-                                        linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=8,
-                                        linear_value_head_dim=8, linear_conv_kernel_dim=3, attention_bias=True,
-                                        layer_types=["full_attention", "linear_attention", "linear_attention"],
-                                        rope_parameters=dict(rope_type="default", rope_theta=1e6,
-                                                             partial_rotary_factor=0.5),
-                                        tie_word_embeddings=True),
-    # MoE: 8 experts, 2 per token, a shared expert 24 wide; every second layer full; conv 3; untied
-    "moe_e8_top2_interval2_untied": dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                                         linear_value_head_dim=12, linear_conv_kernel_dim=3, full_attention_interval=2,
-                                         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                                         shared_expert_intermediate_size=24, tie_word_embeddings=False),
-    # MoE: 4 experts, 1 per token, Qwen3.5's 3-to-1 pattern, conv 4, tied
-    "moe_e4_top1_interval4_tied": dict(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                       linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
-                                       linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
-                                       num_experts_per_tok=1, moe_intermediate_size=16,
-                                       shared_expert_intermediate_size=16, tie_word_embeddings=True),
-}
-
-
-VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-              spatial_merge_size=2, temporal_patch_size=1, in_channels=3)  # a tiny vision tower beside the text model
-
-
-def save_reference(shape: str, folder, multimodal: bool = False):
-    """transformers' random model of one shape, saved as a checkpoint folder (its norms and biases made nonzero):
-    the text model alone, or (multimodal) as the released folders hold it, beside a tiny vision tower."""
-    import transformers
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    family = "Qwen3_5Moe" if shape.startswith("moe") else "Qwen3_5"
-    text = {**COMMON, **SHAPES[shape]}
-    if multimodal:
-        config = getattr(transformers, f"{family}Config")(text_config=text, vision_config=VISION,
-                                                          tie_word_embeddings=text.pop("tie_word_embeddings"))
-    else: config = getattr(transformers, f"{family}TextConfig")(**text)
-    torch.manual_seed(0)
-    reference = getattr(transformers, f"{family}{'ForConditionalGeneration' if multimodal else 'ForCausalLM'}")(config).eval()
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"): p.normal_(0, 0.3)  # zero at init
-    reference.save_pretrained(folder)
-    return reference
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -217,19 +158,23 @@ def test_every_qwen3_5_model_type_is_registered():
         assert model_type in family_names() and load_family(model_type).layer is hybrid_layer
 
 
-def test_llm_refuses_a_hybrid_in_one_line(tmp_path, smollm2_gguf, monkeypatch):
-    "The engine has no state pool yet: LLM raises a ValueError saying so, and the CLI prints one line, no traceback."
+def test_llm_serves_a_hybrid_with_transformers_tokens(tmp_path, smollm2_gguf, monkeypatch):
+    """LLM runs a hybrid checkpoint folder through the paged engine (chapter 20's state pool): transformers' greedy
+    tokens, with the default matmuls of float32. A setting the state cannot run with: the CLI prints one line."""
     import subprocess
 
-    from helios import LLM
+    from helios import LLM, SamplingParams
     from helios.tokenizer import load_tokenizer
-    save_reference("interval4_gqa_conv4_untied", tmp_path)
-    load_tokenizer(smollm2_gguf).backend.save(str(tmp_path / "tokenizer.json"))  # any tokenizer: the model is refused first
+    reference = save_reference("interval4_gqa_conv4_untied", tmp_path)
+    load_tokenizer(smollm2_gguf).backend.save(str(tmp_path / "tokenizer.json"))
     monkeypatch.setenv("HELIOS_KV_CACHE_BYTES", str(8 << 20))
-    with pytest.raises(ValueError, match="does not serve linear-attention layers yet"):
-        LLM(str(tmp_path))
-    run = subprocess.run(["helios", "generate", "--model", str(tmp_path), "--kv-cache-bytes", str(8 << 20), "hi"],
-                         capture_output=True, text=True, timeout=300)
+    prompts = [[(7 * j + i) % 250 + 1 for j in range(5 + 23 * i)] for i in range(4)]
+    with LLM(str(tmp_path), dtype="float32", page_size=16) as llm:
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    for prompt, output in zip(prompts, outputs):
+        assert list(output.outputs[0].token_ids) == transformers_greedy(reference, prompt, 10)
+    run = subprocess.run(["helios", "generate", "--model", str(tmp_path), "--kv-cache-bytes", str(8 << 20),
+                          "--speculative", "ngram", "hi"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("helios: error:")]
-    assert len(errors) == 1 and "does not serve linear-attention layers yet" in errors[0], run.stderr
+    assert len(errors) == 1 and "speculative decoding cannot run a linear-attention model" in errors[0], run.stderr
