@@ -876,7 +876,7 @@ def warm_up_forwards(engine: Engine) -> WarmUp:
     if n > 0:  # a cold prompt chunk, then (when it filled a page) a prompt continuing on that page
         cold = sequence(n, pages.take(pages_needed(n, page_size)))
         forward([ScheduledChunk(cold, 0, cold.prompt_ids, True)])
-        if n >= page_size and pages.num_free_pages:
+        if n >= page_size and pages.num_free_pages and pages.prefix_cache is not None:  # hits need the cache
             hit = sequence(page_size + 1, cold.page_table[:1] + pages.take(1))
             forward([ScheduledChunk(hit, page_size, hit.prompt_ids[page_size:], True)])
             pages.release(hit.page_table[1:])

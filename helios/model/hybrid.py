@@ -525,8 +525,9 @@ class StatePool:
     def num_snapshots(self) -> int: return len(self.snapshots)
 
     def describe(self) -> str:
-        return (f"linear-attention states {self.nbytes / 2**20:,.1f} MiB = ({self.num_rows} rows + "
-                f"{self.num_snapshot_slots} prefix snapshots) x {self.state_bytes / 2**20:.2f} MiB")
+        size = lambda n: f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+        return (f"linear-attention states {size(self.nbytes)} = ({self.num_rows} rows + "
+                f"{self.num_snapshot_slots} prefix snapshots) x {size(self.state_bytes)}")
 
     def copy_slot(self, src: int, dst: int):
         "Every linear layer's state in slot src, copied to slot dst."

@@ -136,3 +136,18 @@ def test_settings_a_recurrent_state_cannot_run_are_refused_in_one_line(hybrid, s
     model, tokenizer = hybrid
     with pytest.raises(ValueError, match=words):
         Engine.create(model, tokenizer, [], EngineConfig(page_size=PAGE, kv_cache_bytes=1 << 20, **setting))
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
+def test_a_warm_up_leaves_no_state_and_changes_no_token(hybrid, caching):
+    "The start-up warm-up (a cold chunk, a prefix-hit chunk where the cache is on, decodes) on a hybrid."
+    from helios.engine import warm_up_forwards
+    model, tokenizer = hybrid
+    config = EngineConfig(page_size=PAGE, max_batch_size=4, prefill_chunk_size=16, enable_prefix_caching=caching)
+    engine = Engine(model, tokenizer, frozenset(), config, num_pages=16)
+    ran = warm_up_forwards(engine)
+    assert any(start > 0 for forward in ran.forwards for start, _ in forward) == caching
+    assert engine.stats().num_sequence_states == 0
+    handle = engine.submit(prompts()[3], GREEDY)
+    while engine.step(): check_invariants(engine)
+    assert handle.result().outputs[0].token_ids == alone(model, [prompts()[3]])[0]
