@@ -208,9 +208,10 @@ def graph_runner_unavailable(cfg: ModelConfig, device: torch.device, backend: At
 
 
 def build_graph_runner(model: CausalLM, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend,
-                       **_) -> GraphRunner:
+                       states=None, **_) -> GraphRunner:
     "The `cuda-graphs` runner, its graphs captured now (start-up); NotApplicable with the reason where they cannot be."
     reason = graph_runner_unavailable(model.config, kv.k.device, backend)
+    if states is not None: reason = "a graph replays no per-sequence state (chapter 11's SequenceStates)"
     if reason is not None: raise NotApplicable(reason)
     pages = page_buckets(min(max_pages_per_seq, pages_needed(GRAPH_MAX_CONTEXT, kv.page_size)))
     runner = GraphRunner(model, kv, max_rows, max_pages_per_seq, backend, CudaGraph, page_counts=pages)

@@ -151,3 +151,14 @@ def test_a_warm_up_leaves_no_state_and_changes_no_token(hybrid, caching):
     handle = engine.submit(prompts()[3], GREEDY)
     while engine.step(): check_invariants(engine)
     assert handle.result().outputs[0].token_ids == alone(model, [prompts()[3]])[0]
+
+
+def test_auto_passes_over_cuda_graphs_for_a_hybrid(hybrid):
+    "A CUDA graph replays no per-sequence state: the graph runner is not applicable, so `auto` takes the eager one."
+    from helios.gpu.graphs import build_graph_runner
+    from helios.registry import NotApplicable
+    model, tokenizer = hybrid
+    engine = Engine(model, tokenizer, frozenset(), EngineConfig(page_size=PAGE), num_pages=8)
+    assert engine.runner.states is engine.states
+    with pytest.raises(NotApplicable, match="per-sequence state"):
+        build_graph_runner(model, engine.kv, 4, 4, engine.runner.backend, states=engine.states)
