@@ -25,8 +25,8 @@ TOP_K = 20      # log-probabilities returned per position (the most the API give
 
 MODES = {  # name -> LLM settings; `auto` first: the default this CPU gets
     "auto (this CPU's default)": {},
-    "c-bf16, float16 pages": dict(matmul="c-bf16", kv_cache_dtype="float16"),  # the CPU's fastest: auto, unless the
-    "c-bf16, float32 pages": dict(matmul="c-bf16", kv_cache_dtype="float32"),  # family keeps more (chapter 04)
+    "c-bf16, float16 pages": dict(matmul="c-bf16", kv_cache_dtype="float16"),  # auto's, unless the family keeps more
+    "c-bf16, float32 pages": dict(matmul="c-bf16", kv_cache_dtype="float32"),
     "c (float16 weights), float16 pages": dict(matmul="c", kv_cache_dtype="float16"),
     "c (float16 weights), float32 pages": dict(matmul="c", kv_cache_dtype="float32"),
 }
