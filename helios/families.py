@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['FAMILY_GROUP', 'GGUF_GROUP', 'Shapes', 'GGUFReading', 'Family', 'family_names', 'load_family', 'gguf_family']
+__all__ = ['FAMILY_GROUP', 'GGUF_GROUP', 'Shapes', 'GGUFReading', 'AutoPrecision', 'Family', 'family_names', 'load_family', 'gguf_family']
 
 # %% ../nbs/04_weights.ipynb #47559602
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
+import torch
 
 from .config import ModelConfig
 from .model.qwen3 import LayerFactory
@@ -34,6 +35,13 @@ class GGUFReading(NamedTuple):
                                # the values a Hugging Face checkpoint holds there; None: as the file stores them
 
 
+class AutoPrecision(NamedTuple):
+    "What `auto` keeps for a family whose accuracy the CPU's fastest rounding takes outside the stated tolerance."
+    weight_dtypes: tuple[torch.dtype, ...]  # the matmul weights auto may store; a matmul storing others is passed over
+    kv_dtype: torch.dtype                   # the KV pages under kv_cache_dtype=auto
+    reason: str                             # why, as the start-up line says it
+
+
 @dataclass(frozen=True)
 class Family:
     "A model family, declared once in its own chapter and registered under its Hugging Face `model_type`."
@@ -51,6 +59,8 @@ class Family:
                                                               # Face name, or None: not read; None: names as they are
     sequence_states: Callable | None = None                   # (cfg, engine config, rows, dtype, device) -> what the
                                                               # engine keeps per sequence beside its KV pages; None: nothing
+    auto_precision: AutoPrecision | None = None               # what matmul=auto keeps for this family on the CPU;
+                                                              # None: the fastest choice within the tolerance
 
 # %% ../nbs/04_weights.ipynb #bde9a658
 def family_names() -> tuple[str, ...]:

@@ -72,8 +72,9 @@ def load_implementation(kind: str, name: str) -> Implementation:
     return impl
 
 # %% ../nbs/00_config.ipynb #20c1583f
-def choose(kind: str, name: str = AUTO, **context) -> Choice:
-    "Build the named implementation (Unavailable says why not), or under `auto` the best one that builds here."
+def choose(kind: str, name: str = AUTO, refuse: Callable[[Any], str | None] | None = None, **context) -> Choice:
+    """Build the named implementation (Unavailable says why not), or under `auto` the best one that builds here and
+    that `refuse` (what was built -> why not, or None) leaves; a name is built whatever `refuse` says."""
     check_choice(kind, name)
     if name != AUTO:
         impl = load_implementation(kind, name)
@@ -84,11 +85,15 @@ def choose(kind: str, name: str = AUTO, **context) -> Choice:
         except Unavailable as e: passed_over.append(_fall_back(kind, candidate, e))
     for impl in sorted((i for i in ranked if i.priority is not None), key=lambda i: -i.priority):  # opt-ins: never
         try:
-            return Choice(impl, impl.build(**context), tuple(passed_over))
+            value = impl.build(**context)
         except NotApplicable as e:
             passed_over.append(f"{impl.name}: {e}")
         except Unavailable as e:
             passed_over.append(_fall_back(kind, impl.name, e))
+        else:
+            why = refuse(value) if refuse is not None else None
+            if why is None: return Choice(impl, value, tuple(passed_over))
+            passed_over.append(f"{impl.name}: {why}")
     raise Unavailable(f"no {kind} implementation runs here: " + "; ".join(passed_over))
 
 

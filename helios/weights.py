@@ -28,10 +28,10 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
            'CHECKPOINT_GROUP', 'TORCH_MATMUL', 'QWEN3', 'LLAMA', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device',
            'cuda_dtype', 'resolve_dtype', 'default_model_path', 'named_checkpoint', 'looks_like_path',
-           'find_checkpoint', 'LinearFactory', 'replace_linears', 'choose_matmul', 'layer_factory', 'build_model',
-           'qwen3_config_from_hf', 'llama_config_from_hf', 'config_from_hf', 'load_hf_config', 'read_hf_config',
-           'gqa_attention_shapes', 'expected_shapes', 'check_tensor_shapes', 'LoadedModel', 'read_config',
-           'read_tensors', 'read_and_build', 'load_model']
+           'find_checkpoint', 'LinearFactory', 'replace_linears', 'precision_refusal', 'choose_matmul', 'layer_factory',
+           'build_model', 'qwen3_config_from_hf', 'llama_config_from_hf', 'config_from_hf', 'load_hf_config',
+           'read_hf_config', 'gqa_attention_shapes', 'expected_shapes', 'check_tensor_shapes', 'LoadedModel',
+           'read_config', 'read_tensors', 'read_and_build', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -160,12 +160,25 @@ def _torch_linears(device: torch.device, exact: bool) -> LinearFactory:
 TORCH_MATMUL = Implementation("matmul", "torch", _torch_linears, priority=0, summary="PyTorch")
 
 
-def choose_matmul(name: str, device: torch.device, dtype: torch.dtype, exact: bool) -> Choice:
-    "The registry's choice for float32 on a CPU (the only linears replaced); elsewhere, or asked for, PyTorch's own."
+# %% ../nbs/04_weights.ipynb #54087ea4
+def precision_refusal(family: Family) -> Callable[[LinearFactory], str | None]:
+    "Why `auto` passes over a matmul for this family: it stores weights the family does not keep (None: it keeps them)."
+    keep = family.auto_precision
+    kept = " or ".join(str(d).removeprefix("torch.") for d in keep.weight_dtypes)
+    why = f"{family.name} keeps {kept} weights and {str(keep.kv_dtype).removeprefix('torch.')} pages under auto: {keep.reason}"
+    return lambda value: None if value.weight_dtype in (None, *keep.weight_dtypes) else why
+
+
+def choose_matmul(name: str, device: torch.device, dtype: torch.dtype, exact: bool, family: Family | None = None) -> Choice:
+    """The registry's choice for float32 on a CPU (the only linears replaced), under `auto` within what the family
+    keeps (`Family.auto_precision`: its KV pages too); elsewhere, or asked for, PyTorch's own."""
     check_choice("matmul", name)
     if name == TORCH_MATMUL.name: return Choice(TORCH_MATMUL, TORCH_MATMUL.build(device=device, exact=exact), ())
     if device.type == "cpu" and dtype == torch.float32:
-        return choose("matmul", name, device=device, exact=exact)  # imports the registered implementations
+        keep = family.auto_precision if family is not None and name == AUTO else None
+        if keep is None: return choose("matmul", name, device=device, exact=exact)  # imports the registered implementations
+        choice = choose("matmul", name, precision_refusal(family), device=device, exact=exact)
+        return choice._replace(value=choice.value._replace(kv_dtype=keep.kv_dtype))
     if name != AUTO:
         raise NotApplicable(f"matmul {name!r} replaces float32 linears on the CPU; this model runs in {dtype} on {device}")
     return Choice(TORCH_MATMUL, TORCH_MATMUL.build(device=device, exact=exact),
@@ -334,9 +347,10 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     start = time.perf_counter()
     device, exact = resolve_device(device), dtype != "auto"  # an explicit dtype keeps the weights as loaded
     dtype = resolve_dtype(dtype, device)
-    choice = choose_matmul(matmul, device, dtype, exact) if optimize else None  # before reading: fail fast
     path = find_checkpoint(model)
     cfg, reader = read_config(path)
+    family = load_family(cfg.architecture)
+    choice = choose_matmul(matmul, device, dtype, exact, family) if optimize else None  # before the weights: fail fast
     net = build(cfg, path, reader, dtype, device)
     weight_dtype = dtype
     if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):

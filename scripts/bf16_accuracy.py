@@ -25,6 +25,7 @@ TOP_K = 20      # log-probabilities returned per position (the most the API give
 
 MODES = {  # name -> LLM settings; `auto` first: the default this CPU gets
     "auto (this CPU's default)": {},
+    "c-bf16, float16 pages": dict(matmul="c-bf16", kv_cache_dtype="float16"),  # auto's, unless the family keeps more
     "c-bf16, float32 pages": dict(matmul="c-bf16", kv_cache_dtype="float32"),
     "c (float16 weights), float16 pages": dict(matmul="c", kv_cache_dtype="float16"),
     "c (float16 weights), float32 pages": dict(matmul="c", kv_cache_dtype="float32"),
@@ -38,6 +39,7 @@ class Agreement(NamedTuple):
     max_gap: float     # largest |Δ log p| of the reference's top token (inf: outside the mode's top TOP_K)
     mean_gap: float
     seconds: float     # the mode's time for all positions (prefill only)
+    runs: str = ""     # what the mode ran as here: its linears and KV pages (what `auto` chose, for the auto row)
 
 
 def windows(tokenizer, positions: int) -> list[list[int]]:
@@ -64,6 +66,11 @@ def agreement(reference: list, candidate: list, seconds: float) -> Agreement:
     return Agreement(len(gaps), top1, max(gaps), sum(gaps) / len(gaps), seconds)
 
 
+def runs_as(llm) -> str:
+    "The linears (the head's class: CBf16Linear, CHalfLinear, ...) and the KV pages' bits of a loaded LLM."
+    return f"{type(llm.model.lm_head).__name__}, {8 * llm.engine.kv_element_bytes}-bit pages"
+
+
 def measure(modes: dict[str, dict], positions: int = 512, model=None) -> tuple[dict[str, Agreement], float]:
     "Each mode that runs here against dtype='float32' (modes that cannot run are left out), and the reference's time."
     from helios import LLM
@@ -76,7 +83,7 @@ def measure(modes: dict[str, dict], positions: int = 512, model=None) -> tuple[d
     for name, mode in modes.items():
         try:
             with LLM(model, **settings, **mode) as llm:
-                results[name] = agreement(reference, *next_token_logprobs(llm, prompts))
+                results[name] = agreement(reference, *next_token_logprobs(llm, prompts))._replace(runs=runs_as(llm))
         except Unavailable as e:
             print(f"{name}: does not run here ({e})")
     return results, reference_s
@@ -108,7 +115,7 @@ def main():
           f"({reference_s:.1f} s); {machine()}")
     for name, a in results.items():
         print(f"  {name:36s} top-1 {a.top1}/{a.positions} ({100 * a.top1 / a.positions:.1f}%)  |Δ log p| max "
-              f"{a.max_gap:.3f}, mean {a.mean_gap:.4f}  ({a.seconds:.1f} s)")
+              f"{a.max_gap:.3f}, mean {a.mean_gap:.4f}  ({a.seconds:.1f} s; {a.runs})")
 
 
 if __name__ == "__main__":

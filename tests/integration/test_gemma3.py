@@ -251,3 +251,19 @@ def test_llm_by_short_name_gives_the_greedy_tokens_of_transformers(models):
         outputs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     for prompt, output in zip(prompts, outputs):
         assert list(output.outputs[0].token_ids) == transformers_greedy(theirs, prompt, 16)
+
+
+@needs_gemma3
+def test_auto_keeps_float16_weights_and_float32_pages_and_a_named_matmul_wins(gguf_path):
+    "Gemma 3's `auto_precision` (bfloat16 weights take it outside the accuracy tolerance): what `auto` loads on this CPU."
+    from helios.kernels.build import native_bf16
+    from helios.llm import paired_kv_pages
+    from helios.weights import load_model
+    loaded = load_model(gguf_path, device="cpu")
+    assert loaded.weight_dtype in (torch.float16, torch.float32) and loaded.matmul.value.kv_dtype == torch.float32
+    assert paired_kv_pages(EngineConfig(), loaded).kv_cache_dtype == "float32"
+    assert paired_kv_pages(EngineConfig(kv_cache_dtype="float16"), loaded).kv_cache_dtype == "float16"
+    if native_bf16():  # the CPU's fastest is passed over, and says why
+        assert any(r.startswith("c-bf16: gemma3_text keeps") for r in loaded.matmul.passed_over)
+        named = load_model(gguf_path, device="cpu", matmul="c-bf16")
+        assert named.weight_dtype == torch.bfloat16 and paired_kv_pages(EngineConfig(), named).kv_cache_dtype == "float16"

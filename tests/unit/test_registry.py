@@ -71,3 +71,11 @@ def test_every_registered_implementation_imports_and_is_what_its_entry_point_say
         for name in registry.implementation_names(kind):
             impl = registry.load_implementation(kind, name)
             assert (impl.kind, impl.name) == (kind, name) and impl.summary
+
+
+def test_auto_passes_over_what_the_caller_refuses_with_its_reason_and_a_name_ignores_it(plugins):
+    refuse = lambda value: "too coarse" if value != "slow" else None
+    with pytest.warns(RuntimeWarning):
+        choice = choose("matmul", refuse=refuse)
+    assert choice.implementation is plugins.SLOW and choice.passed_over[-1] == "ok: too coarse"
+    assert choose("matmul", "ok", refuse=refuse).implementation is plugins.OK
