@@ -71,6 +71,7 @@ TERMS = (
     term("swiglu", r"SwiGLU", case_sensitive=True),
     term("sse", r"SSE", case_sensitive=True),
     term("sse", r"server-sent events?"),
+    term("state-snapshot", r"state snapshots?"),
     term("gguf", r"GGUF", case_sensitive=True),
     term("safetensors", r"safetensors"),
     term("fbgemm", r"fbgemm"),
