@@ -549,8 +549,8 @@ def usable_blocks(self: StatePool, seq: Sequence, num_blocks: int) -> int:
 
 
 @patch
-def take_snapshot_slot(self: StatePool, h: bytes) -> int | None:
-    "A slot for block h's snapshot: a free one, else the least recently used one no admission chose; None if none."
+def take_snapshot_slot(self: StatePool) -> int | None:
+    "A slot for a new snapshot: a free one, else the least recently used one no admission chose; None if none."
     if self.free_slots: return self.free_slots.pop()
     kept = set(self.chosen.values())
     for old in self.snapshots:
@@ -656,7 +656,7 @@ def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> Paged
             if h in self.snapshots or any(h == p for p, _ in self.pending):
                 if h in self.snapshots: self.snapshots.move_to_end(h)
                 continue
-            slot = self.take_snapshot_slot(h)
+            slot = self.take_snapshot_slot()
             if slot is None: continue
             cuts[block_end - chunk.start] = slot
             self.pending.append((h, slot))
