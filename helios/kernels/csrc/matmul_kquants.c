@@ -1,0 +1,272 @@
+/* y = x W^T with W kept in GGUF's Q4_K, Q6_K or Q5_0 blocks, as llama.cpp multiplies them: each activation row is
+   quantized to int8 (scale max|x| / 127, rounded to nearest, ties away from zero) per block of the weight's type
+   (256 for the K types, with the sum of every 16 values beside; 32 for Q5_0, with its sum), and each block's product
+   is a sum of integer dot products of unsigned weight codes (0..15, 0..63, 0..31) and signed activations, each
+   sub-block's scaled by its integer sub-block scale; the codes' offsets (Q4_K's mins, Q6_K's 32, Q5_0's 16) come in
+   through the activation sums. The integer sum of a block is exact, so it is the same in every variant; it is then
+   scaled by the float scales and added in block order. Variants, one per build: AVX512-VNNI (VPMADDUBSW then
+   VPDPWSSD, built with -DQ8_VNNI), AVX2 (VPMADDUBSW then VPMADDWD) and portable C. A (row, output) pair runs the
+   same code whatever the other rows are, so a request batched with others gets the bits it gets alone. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__F16C__) || defined(Q8_VNNI)
+#include <immintrin.h>
+#endif
+
+#include "kernels.h"
+
+#define QK_K 256            /* values per K-type super-block */
+#define Q4_K_BYTES 144      /* float16 d, float16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes */
+#define Q6_K_BYTES 210      /* 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d */
+#define QK5 32              /* values per Q5_0 block */
+#define Q5_0_BYTES 22       /* float16 d, 32 high bits, 16 bytes of low 4 bits */
+
+static inline float fp16(const uint8_t *p) {  /* a little-endian float16 as a float32, exactly */
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    uint32_t bits;
+    float value;
+    if (exponent == 0) { value = ldexpf((float)mantissa, -24); memcpy(&bits, &value, 4); }
+    else if (exponent == 31) bits = 0x7f800000 | (mantissa << 13);
+    else bits = ((exponent + 112) << 23) | (mantissa << 13);
+    bits |= sign;
+    memcpy(&value, &bits, 4);
+    return value;
+#endif
+}
+
+/* xq [M, nb * bs] int8, xd [M, nb] float32 and xs [M, nb * bs / 16] int16 (the sum of every 16 codes) = x [M, K]
+   quantized per block of bs values (zeros past K). The same scalar code in every variant. */
+void quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t bs, int8_t *xq, float *xd, int16_t *xs,
+                     int threads) {
+    const int64_t nb = (K + bs - 1) / bs;
+    #pragma omp parallel for num_threads(M * K >= 65536 ? threads : 1) schedule(static)
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *v = x + i * K + b * bs;
+            const int64_t n = K - b * bs < bs ? K - b * bs : bs;
+            float amax = 0.f;
+            for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
+            const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+            int8_t *q = xq + (i * nb + b) * bs;
+            for (int64_t j = 0; j < bs; j++) q[j] = j < n ? (int8_t)roundf(v[j] * id) : 0;
+            for (int64_t g = 0; g < bs / 16; g++) {
+                int sum = 0;
+                for (int j = 0; j < 16; j++) sum += q[g * 16 + j];
+                xs[(i * nb + b) * (bs / 16) + g] = (int16_t)sum;
+            }
+            xd[i * nb + b] = d;
+        }
+}
+
+/* Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes. */
+static inline void q4_k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
+    if (j < 4) { *scale = s[j] & 63; *min = s[j + 4] & 63; }
+    else { *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4); *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+}
+
+#if defined(__AVX2__)
+/* The integer products of one 32-byte group: VPMADDUBSW (codes at most 63, so no pair saturates), then each pair of
+   pairs times the sub-block scales sc (16 int16 lanes) into acc: VPDPWSSD with VNNI, VPMADDWD and VPADDD without. */
+static inline __m256i dot_scaled(__m256i acc, __m256i codes, const int8_t *x, __m256i sc) {
+    const __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)x));
+#if defined(Q8_VNNI)
+    return _mm256_dpwssd_epi32(acc, pairs, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+#endif
+}
+
+static inline int32_t hsum8(__m256i v) {  /* the 8 int32 lanes: exact, so the order does not matter */
+    const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i two = _mm_add_epi32(four, _mm_shuffle_epi32(four, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 0xb1)));
+}
+
+static inline __m256i two_scales(int a, int b) {  /* lanes 0..7 a, 8..15 b: a 32-byte group of two 16-value parts */
+    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+}
+#endif
+
+/* One super-block's integer sums: isc = sum_j scale_j * (codes . x)_j, imin = sum_j min_j * sum(x)_j. */
+static inline void q4_k_block(const uint8_t *w, const int8_t *x, const int16_t *xs, int32_t *isc, int32_t *imin) {
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; j++) q4_k_scale_min(w + 4, j, &sc[j], &mn[j]);
+    int32_t m = 0;
+    for (int j = 0; j < 8; j++) m += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+    const uint8_t *qs = w + 16;
+#if defined(__AVX2__)
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {  /* 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        acc = dot_scaled(acc, _mm256_and_si256(q, low4), x + 64 * c, _mm256_set1_epi16((short)sc[2 * c]));
+        acc = dot_scaled(acc, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), x + 64 * c + 32,
+                         _mm256_set1_epi16((short)sc[2 * c + 1]));
+    }
+    *isc = hsum8(acc);
+#else
+    int32_t s = 0;
+    for (int c = 0; c < 4; c++) {
+        int32_t lo = 0, hi = 0;
+        for (int l = 0; l < 32; l++) {
+            lo += (qs[32 * c + l] & 0x0f) * x[64 * c + l];
+            hi += (qs[32 * c + l] >> 4) * x[64 * c + 32 + l];
+        }
+        s += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+    }
+    *isc = s;
+#endif
+    *imin = m;
+}
+
+/* One Q6_K super-block's integer sum: sum_j scale_j * ((codes - 32) . x)_j over its 16 parts of 16. */
+static inline int32_t q6_k_block(const uint8_t *w, const int8_t *x, const int16_t *xs) {
+    const uint8_t *ql = w, *qh = w + 128;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    int32_t offset = 0;
+    for (int j = 0; j < 16; j++) offset += sc[j] * xs[j];
+#if defined(__AVX2__)
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {  /* 128 values: low nibbles of ql[0..63] then high; 2 bits of qh[0..31] each */
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+        const __m256i codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4))};
+        for (int k = 0; k < 4; k++)
+            acc = dot_scaled(acc, codes[k], x + 128 * h + 32 * k, two_scales(sc[8 * h + 2 * k], sc[8 * h + 2 * k + 1]));
+    }
+    return hsum8(acc) - 32 * offset;
+#else
+    int32_t s = 0;
+    for (int v = 0; v < QK_K; v += 16) {
+        const int h = v / 128, l0 = v % 32, part = (v % 128) / 32;  /* which ql half, byte, and 2-bit field */
+        int32_t dot = 0;
+        for (int l = l0; l < l0 + 16; l++) {
+            const uint8_t low = ql[64 * h + 32 * (part & 1) + l];
+            const int code = ((part < 2 ? low : low >> 4) & 0x0f) | (((qh[32 * h + l] >> (2 * part)) & 3) << 4);
+            dot += code * x[v + l - l0];
+        }
+        s += sc[v / 16] * dot;
+    }
+    return s - 32 * offset;
+#endif
+}
+
+/* One Q5_0 block's integer sum: (codes - 16) . x over its 32 values. */
+static inline int32_t q5_0_block(const uint8_t *w, const int8_t *x, const int16_t *xs) {
+    uint32_t qh;
+    memcpy(&qh, w + 2, 4);
+    const uint8_t *qs = w + 6;
+    const int32_t offset = 16 * (xs[0] + xs[1]);
+#if defined(__AVX2__)
+    /* value j's fifth bit is bit j of qh: byte j of a vector gets byte j / 8 of qh, tested against bit j % 8 */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    const __m256i acc = dot_scaled(_mm256_setzero_si256(), _mm256_or_si256(low, high), x, _mm256_set1_epi16(1));
+    return hsum8(acc) - offset;
+#else
+    int32_t dot = 0;
+    for (int j = 0; j < 16; j++) {
+        dot += ((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) * x[j];
+        dot += ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * x[j + 16];
+    }
+    return dot - offset;
+#endif
+}
+
+/* One (row, output) pair: its blocks' integer sums, scaled and added in block order. */
+static float row_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q4_K_BYTES;
+        int32_t isc, imin;
+        q4_k_block(wb, xq + b * QK_K, xs + b * 16, &isc, &imin);
+        acc += xd[b] * (fp16(wb) * (float)isc - fp16(wb + 2) * (float)imin);
+    }
+    return acc;
+}
+
+static float row_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q6_K_BYTES;
+        acc += xd[b] * (fp16(wb + 208) * (float)q6_k_block(wb, xq + b * QK_K, xs + b * 16));
+    }
+    return acc;
+}
+
+static float row_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q5_0_BYTES;
+        acc += xd[b] * (fp16(wb) * (float)q5_0_block(wb, xq + b * QK5, xs + b * 2));
+    }
+    return acc;
+}
+
+typedef float (*row_dot)(const uint8_t *, const int8_t *, const float *, const int16_t *, int64_t);
+
+/* y [M, N] = x [M, K] times the transpose of W [N, K] in blocks of bs values and block_bytes bytes (N rows of
+   K / bs blocks, as a GGUF file holds them). Threads split the outputs. */
+static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads,
+                          int64_t bs, int64_t block_bytes, row_dot dot, const char *name) {
+    const int64_t nb = K / bs, groups = bs / 16;
+    int8_t *xq = malloc((size_t)(M * nb * bs) + 64);
+    float *xd = malloc(sizeof(float) * (M * nb + 1));
+    int16_t *xs = malloc(sizeof(int16_t) * (M * nb * groups + 1));
+    if (!xq || !xd || !xs) {  /* a few MB at most: without them no product can be given, and a wrong one must not be */
+        fprintf(stderr, "helios %s: no memory for the activations of %lld rows\n", name, (long long)M);
+        abort();
+    }
+    quantize_rows_k(x, M, K, bs, xq, xd, xs, threads);
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < M; i++)
+            y[i * N + n] = dot(w + n * nb * block_bytes, xq + i * nb * bs, xd + i * nb, xs + i * nb * groups, nb);
+    free(xq);
+    free(xd);
+    free(xs);
+}
+
+/* The signature of matmul_f16: K a multiple of the block size (GGUF stores no other). */
+void matmul_q4_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, row_q4_k, "matmul_q4_k");
+}
+
+void matmul_q6_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q6_K_BYTES, row_q6_k, "matmul_q6_k");
+}
+
+void matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, row_q5_0, "matmul_q5_0");
+}
+
+const char *matmul_kquants_isa(void) {
+#if defined(Q8_VNNI)
+    return "AVX512-VNNI";
+#elif defined(__AVX2__)
+    return "AVX2";
+#else
+    return "generic";
+#endif
+}
