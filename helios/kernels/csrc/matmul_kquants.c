@@ -95,145 +95,173 @@ static inline __m256i two_scales(int a, int b) {  /* lanes 0..7 a, 8..15 b: a 32
 }
 #endif
 
-/* One super-block's integer sums: isc = sum_j scale_j * (codes . x)_j, imin = sum_j min_j * sum(x)_j. */
-static inline void q4_k_block(const uint8_t *w, const int8_t *x, const int16_t *xs, int32_t *isc, int32_t *imin) {
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; j++) q4_k_scale_min(w + 4, j, &sc[j], &mn[j]);
-    int32_t m = 0;
-    for (int j = 0; j < 8; j++) m += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
-    const uint8_t *qs = w + 16;
+#define ROWS 8  /* rows a weight block is unpacked for: each unpacked block serves up to 8 rows */
+
+/* Q4_K: rows [0, R) of xq times one weight row w of nb super-blocks, into y[r * ldy]. Per super-block: the 8 sub-block
+   scales and mins unpacked and the codes split into 8 groups of 32 once; then, per row, isc = sum_j scale_j (codes .
+   x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin) in float. */
+static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    float acc[ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q4_K_BYTES, *qs = wb + 16;
+        const float d = fp16(wb), dmin = fp16(wb + 2);
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; j++) q4_k_scale_min(wb + 4, j, &sc[j], &mn[j]);
 #if defined(__AVX2__)
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256i acc = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {  /* 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high */
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        acc = dot_scaled(acc, _mm256_and_si256(q, low4), x + 64 * c, _mm256_set1_epi16((short)sc[2 * c]));
-        acc = dot_scaled(acc, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), x + 64 * c + 32,
-                         _mm256_set1_epi16((short)sc[2 * c + 1]));
-    }
-    *isc = hsum8(acc);
-#else
-    int32_t s = 0;
-    for (int c = 0; c < 4; c++) {
-        int32_t lo = 0, hi = 0;
-        for (int l = 0; l < 32; l++) {
-            lo += (qs[32 * c + l] & 0x0f) * x[64 * c + l];
-            hi += (qs[32 * c + l] >> 4) * x[64 * c + 32 + l];
+        const __m256i low4 = _mm256_set1_epi8(0x0f);
+        __m256i codes[8], scale[8];
+        int16_t mins[16];
+        for (int c = 0; c < 4; c++) {  /* 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            codes[2 * c] = _mm256_and_si256(q, low4);
+            codes[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
         }
-        s += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-    }
-    *isc = s;
+        for (int j = 0; j < 8; j++) {
+            scale[j] = _mm256_set1_epi16((short)sc[j]);
+            mins[2 * j] = mins[2 * j + 1] = (int16_t)mn[j];  /* one per 16 activations, as their sums are kept */
+        }
+        const __m256i min16 = _mm256_loadu_si256((const __m256i *)mins);
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            __m256i sum = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) sum = dot_scaled(sum, codes[j], x + 32 * j, scale[j]);
+            const int32_t isc = hsum8(sum);
+            const int32_t imin = hsum8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), min16));
+            acc[r] += xd[r * nb + b] * (d * (float)isc - dmin * (float)imin);
+        }
+#else
+        uint8_t codes[QK_K];
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                codes[64 * c + l] = qs[32 * c + l] & 0x0f;
+                codes[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+            }
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            const int16_t *s = xs + (r * nb + b) * 16;
+            int32_t isc = 0, imin = 0;
+            for (int j = 0; j < 8; j++) {
+                int32_t dot = 0;
+                for (int l = 32 * j; l < 32 * j + 32; l++) dot += codes[l] * x[l];
+                isc += sc[j] * dot;
+                imin += mn[j] * (s[2 * j] + s[2 * j + 1]);
+            }
+            acc[r] += xd[r * nb + b] * (d * (float)isc - dmin * (float)imin);
+        }
 #endif
-    *imin = m;
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
 
-/* One Q6_K super-block's integer sum: sum_j scale_j * ((codes - 32) . x)_j over its 16 parts of 16. */
-static inline int32_t q6_k_block(const uint8_t *w, const int8_t *x, const int16_t *xs) {
-    const uint8_t *ql = w, *qh = w + 128;
-    const int8_t *sc = (const int8_t *)(w + 192);
-    int32_t offset = 0;
-    for (int j = 0; j < 16; j++) offset += sc[j] * xs[j];
+/* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
+   isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum. */
+static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    float acc[ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q6_K_BYTES, *ql = wb, *qh = wb + 128;
+        const int8_t *sc = (const int8_t *)(wb + 192);
+        const float d = fp16(wb + 208);
 #if defined(__AVX2__)
-    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
-    __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++) {  /* 128 values: low nibbles of ql[0..63] then high; 2 bits of qh[0..31] each */
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-        const __m256i codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4))};
-        for (int k = 0; k < 4; k++)
-            acc = dot_scaled(acc, codes[k], x + 128 * h + 32 * k, two_scales(sc[8 * h + 2 * k], sc[8 * h + 2 * k + 1]));
-    }
-    return hsum8(acc) - 32 * offset;
+        const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+        __m256i codes[8], scale[8];
+        for (int h = 0; h < 2; h++) {  /* 128 values: low nibbles of ql[0..63] then high; 2 bits of qh[0..31] each */
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            const __m256i low[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+            for (int k = 0; k < 4; k++)
+                codes[4 * h + k] = _mm256_or_si256(low[k], _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), low2), 4));
+        }
+        for (int k = 0; k < 8; k++) scale[k] = two_scales(sc[2 * k], sc[2 * k + 1]);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            __m256i sum = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) sum = dot_scaled(sum, codes[k], x + 32 * k, scale[k]);
+            const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), sc16);
+            acc[r] += xd[r * nb + b] * (d * (float)hsum8(_mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5))));
+        }
 #else
-    int32_t s = 0;
-    for (int v = 0; v < QK_K; v += 16) {
-        const int h = v / 128, l0 = v % 32, part = (v % 128) / 32;  /* which ql half, byte, and 2-bit field */
-        int32_t dot = 0;
-        for (int l = l0; l < l0 + 16; l++) {
+        uint8_t codes[QK_K];
+        for (int v = 0; v < QK_K; v++) {
+            const int h = v / 128, part = (v % 128) / 32, l = v % 32;  /* which ql half, 2-bit field, byte */
             const uint8_t low = ql[64 * h + 32 * (part & 1) + l];
-            const int code = ((part < 2 ? low : low >> 4) & 0x0f) | (((qh[32 * h + l] >> (2 * part)) & 3) << 4);
-            dot += code * x[v + l - l0];
+            codes[v] = ((part < 2 ? low : low >> 4) & 0x0f) | (((qh[32 * h + l] >> (2 * part)) & 3) << 4);
         }
-        s += sc[v / 16] * dot;
-    }
-    return s - 32 * offset;
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            const int16_t *s = xs + (r * nb + b) * 16;
+            int32_t isum = 0;
+            for (int j = 0; j < 16; j++) {
+                int32_t dot = 0;
+                for (int l = 16 * j; l < 16 * j + 16; l++) dot += codes[l] * x[l];
+                isum += sc[j] * (dot - 32 * s[j]);
+            }
+            acc[r] += xd[r * nb + b] * (d * (float)isum);
+        }
 #endif
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
 
-/* One Q5_0 block's integer sum: (codes - 16) . x over its 32 values. */
-static inline int32_t q5_0_block(const uint8_t *w, const int8_t *x, const int16_t *xs) {
-    uint32_t qh;
-    memcpy(&qh, w + 2, 4);
-    const uint8_t *qs = w + 6;
-    const int32_t offset = 16 * (xs[0] + xs[1]);
+/* Q5_0: per block of 32, the 5-bit codes (0..31) once; then, per row, (codes . x) - 16 sum(x) exactly, and
+   acc += d_x d dot. */
+static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    float acc[ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q5_0_BYTES, *qs = wb + 6;
+        const float d = fp16(wb);
+        uint32_t qh;
+        memcpy(&qh, wb + 2, 4);
 #if defined(__AVX2__)
-    /* value j's fifth bit is bit j of qh: byte j of a vector gets byte j / 8 of qh, tested against bit j % 8 */
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-    const __m256i acc = dot_scaled(_mm256_setzero_si256(), _mm256_or_si256(low, high), x, _mm256_set1_epi16(1));
-    return hsum8(acc) - offset;
+        /* value j's fifth bit is bit j of qh: byte j of a vector gets byte j / 8 of qh, tested against bit j % 8 */
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+        const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+        const __m256i codes = _mm256_or_si256(high, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
+                                                                     _mm256_set1_epi8(0x0f)));
+        for (int r = 0; r < R; r++) {
+            const int16_t *s = xs + (r * nb + b) * 2;
+            const __m256i sum = dot_scaled(_mm256_setzero_si256(), codes, xq + (r * nb + b) * QK5, _mm256_set1_epi16(1));
+            acc[r] += xd[r * nb + b] * (d * (float)(hsum8(sum) - 16 * (s[0] + s[1])));
+        }
 #else
-    int32_t dot = 0;
-    for (int j = 0; j < 16; j++) {
-        dot += ((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) * x[j];
-        dot += ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * x[j + 16];
-    }
-    return dot - offset;
+        uint8_t codes[QK5];
+        for (int j = 0; j < 16; j++) {
+            codes[j] = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+            codes[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK5;
+            const int16_t *s = xs + (r * nb + b) * 2;
+            int32_t dot = 0;
+            for (int j = 0; j < QK5; j++) dot += codes[j] * x[j];
+            acc[r] += xd[r * nb + b] * (d * (float)(dot - 16 * (s[0] + s[1])));
+        }
 #endif
-}
-
-/* One (row, output) pair: its blocks' integer sums, scaled and added in block order. */
-static float row_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
-    float acc = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * Q4_K_BYTES;
-        int32_t isc, imin;
-        q4_k_block(wb, xq + b * QK_K, xs + b * 16, &isc, &imin);
-        acc += xd[b] * (fp16(wb) * (float)isc - fp16(wb + 2) * (float)imin);
     }
-    return acc;
+    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
 
-static float row_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
-    float acc = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * Q6_K_BYTES;
-        acc += xd[b] * (fp16(wb + 208) * (float)q6_k_block(wb, xq + b * QK_K, xs + b * 16));
-    }
-    return acc;
-}
-
-static float row_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb) {
-    float acc = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * Q5_0_BYTES;
-        acc += xd[b] * (fp16(wb) * (float)q5_0_block(wb, xq + b * QK5, xs + b * 2));
-    }
-    return acc;
-}
-
-typedef float (*row_dot)(const uint8_t *, const int8_t *, const float *, const int16_t *, int64_t);
+typedef void (*rows_dot)(const uint8_t *, const int8_t *, const float *, const int16_t *, int64_t, int, float *, int64_t);
 
 /* y [M, N] = x [M, K] times the transpose of W [N, K] in blocks of bs values and block_bytes bytes (N rows of
-   K / bs blocks, as a GGUF file holds them). Threads split the outputs. */
+   K / bs blocks, as a GGUF file holds them). Threads split the outputs; each unpacks a weight block once for up to
+   ROWS rows. A row's sums do not depend on how many rows share the unpacking. */
 static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads,
-                          int64_t bs, int64_t block_bytes, row_dot dot, const char *name) {
+                          int64_t bs, int64_t block_bytes, rows_dot dot, const char *name) {
     const int64_t nb = K / bs, groups = bs / 16;
     int8_t *xq = malloc((size_t)(M * nb * bs) + 64);
     float *xd = malloc(sizeof(float) * (M * nb + 1));
-    int16_t *xs = malloc(sizeof(int16_t) * (M * nb * groups + 1));
+    int16_t *xs = malloc(sizeof(int16_t) * (M * nb * groups + 16));
     if (!xq || !xd || !xs) {  /* a few MB at most: without them no product can be given, and a wrong one must not be */
         fprintf(stderr, "helios %s: no memory for the activations of %lld rows\n", name, (long long)M);
         abort();
@@ -241,8 +269,9 @@ static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w
     quantize_rows_k(x, M, K, bs, xq, xd, xs, threads);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < M; i++)
-            y[i * N + n] = dot(w + n * nb * block_bytes, xq + i * nb * bs, xd + i * nb, xs + i * nb * groups, nb);
+        for (int64_t i = 0; i < M; i += ROWS)
+            dot(w + n * nb * block_bytes, xq + i * nb * bs, xd + i * nb, xs + i * nb * groups, nb,
+                M - i < ROWS ? (int)(M - i) : ROWS, y + i * N + n, N);
     free(xq);
     free(xd);
     free(xs);
@@ -250,15 +279,15 @@ static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w
 
 /* The signature of matmul_f16: K a multiple of the block size (GGUF stores no other). */
 void matmul_q4_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, row_q4_k, "matmul_q4_k");
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, rows_q4_k, "matmul_q4_k");
 }
 
 void matmul_q6_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q6_K_BYTES, row_q6_k, "matmul_q6_k");
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q6_K_BYTES, rows_q6_k, "matmul_q6_k");
 }
 
 void matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, row_q5_0, "matmul_q5_0");
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, rows_q5_0, "matmul_q5_0");
 }
 
 const char *matmul_kquants_isa(void) {
