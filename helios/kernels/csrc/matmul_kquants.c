@@ -209,11 +209,27 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
 
-/* Q5_0: per block of 32, the 5-bit codes (0..31) once; then, per row, (codes . x) - 16 sum(x) exactly, and
-   acc += d_x d dot. */
+/* Q5_0: per block of 32, the 5-bit codes (0..31) once; then, per row, the block's integer products (codes - 16) . x,
+   exact in each lane, scaled by d d_x and added in float. The vector variants keep 8 float lanes a row and add them at
+   the end in a fixed order (a sum per 32 values would cost more than the products); portable C adds per block. */
+#if defined(__AVX2__)
+static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+#endif
+
 static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) {
+#if defined(__AVX2__)
+    __m256 acc[ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    (void)xs;  /* the offset is taken off the pairs: (q - 16) x = q x - 16 x, each at most 2 · 31 · 127 */
+#else
     float acc[ROWS] = {0};
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * Q5_0_BYTES, *qs = wb + 6;
         const float d = fp16(wb);
@@ -229,9 +245,10 @@ static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const
         const __m256i codes = _mm256_or_si256(high, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
                                                                      _mm256_set1_epi8(0x0f)));
         for (int r = 0; r < R; r++) {
-            const int16_t *s = xs + (r * nb + b) * 2;
-            const __m256i sum = dot_scaled(_mm256_setzero_si256(), codes, xq + (r * nb + b) * QK5, _mm256_set1_epi16(1));
-            acc[r] += xd[r * nb + b] * (d * (float)(hsum8(sum) - 16 * (s[0] + s[1])));
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (r * nb + b) * QK5));
+            const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes, x), _mm256_maddubs_epi16(sixteen, x));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb + b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)),
+                                     acc[r]);
         }
 #else
         uint8_t codes[QK5];
@@ -248,7 +265,11 @@ static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const
         }
 #endif
     }
+#if defined(__AVX2__)
+    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);
+#else
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+#endif
 }
 
 typedef void (*rows_dot)(const uint8_t *, const int8_t *, const float *, const int16_t *, int64_t, int, float *, int64_t);
