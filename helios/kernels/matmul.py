@@ -180,14 +180,15 @@ def c_q8_0_matmul(device: torch.device, exact: bool) -> LinearFactory:
 C_Q8_0_MATMUL = Implementation("matmul", "c-q8_0", c_q8_0_matmul, None, "C, Q8_0 blocks")
 
 # %% ../../nbs/92_kernels.ipynb #14697d50
-MATMUL_KQUANT_SOURCES = ("matmul_kquants.c",)  # the Q4_K, Q6_K and Q5_0 matmuls, a library of their own
-KQUANT_FUNCTIONS = {"Q4_K": "matmul_q4_k", "Q6_K": "matmul_q6_k", "Q5_0": "matmul_q5_0"}  # ggml type -> C function
+MATMUL_KQUANT_SOURCES = ("matmul_kquants.c",)  # the Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls, a library of their own
+KQUANT_FUNCTIONS = {"Q4_K": "matmul_q4_k", "Q6_K": "matmul_q6_k", "Q5_0": "matmul_q5_0",  # ggml type -> C function
+                    "Q4_0": "matmul_q4_0", "Q4_1": "matmul_q4_1"}
 
 
 def matmul_kquants_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
-    """The C Q4_K, Q6_K and Q5_0 matmuls in `variant` (None: q8_variant's choice for this CPU), by ggml type name,
-    each a ctypes function with the signature of matmul_f16 whose `isa` names the variant; KernelUnavailable saying
-    why not."""
+    """The C Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls in `variant` (None: q8_variant's choice for this CPU), by ggml
+    type name, each a ctypes function with the signature of matmul_f16 whose `isa` names the variant;
+    KernelUnavailable saying why not."""
     isa, flags = Q8_VARIANTS[variant or q8_variant()]
     lib = load_built(lambda rebuild: build_library(MATMUL_KQUANT_SOURCES, flags, cache_dir, rebuild,
                                                    require_openmp=True, isa=isa),
@@ -202,7 +203,7 @@ def matmul_kquants_kernels(cache_dir: Path | None = None, variant: str | None = 
 
 
 def packed_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
-    "Every packed matmul, by the ggml type it multiplies: Q8_0, Q4_K, Q6_K, Q5_0."
+    "Every packed matmul, by the ggml type it multiplies: Q8_0, Q4_K, Q6_K, Q5_0, Q4_0, Q4_1."
     return {"Q8_0": matmul_q8_0_kernel(cache_dir, variant), **matmul_kquants_kernels(cache_dir, variant)}
 
 # %% ../../nbs/92_kernels.ipynb #f96a3004
@@ -240,7 +241,7 @@ from ..formats.gguf import GGUFFile, GGUFTensor, gguf_tensor_naming, unpermute_r
 from ..model.layers import LMHead
 from ..model.qwen3 import STACKED_PROJECTIONS
 
-PACKED_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_0")  # the ggml types with a packed kernel
+PACKED_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "Q4_1")  # the ggml types with a packed kernel
 
 
 def file_rows(reader: GGUFFile, cfg: ModelConfig) -> dict[str, tuple[GGUFTensor, np.ndarray]]:
@@ -303,7 +304,7 @@ def replace_packed(model: nn.Module, reader: GGUFFile, cfg: ModelConfig, kernels
 
 # %% ../../nbs/92_kernels.ipynb #0920ceef
 def c_packed_matmul(device: torch.device, exact: bool) -> LinearFactory:
-    """The `c-packed` matmul: a GGUF model's linears in the file's own blocks (Q8_0, Q4_K, Q6_K, Q5_0), each multiplied
+    """The `c-packed` matmul: a GGUF model's linears in the file's own blocks (PACKED_TYPES), each multiplied
     by its type's kernel, the others float32; any other checkpoint's in Q8_0 blocks, as `c-q8_0`."""
     if exact: raise NotApplicable("the packed matmuls quantize the activations, and the weights must stay as loaded")
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")

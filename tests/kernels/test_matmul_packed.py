@@ -1,5 +1,5 @@
-"""The packed GGUF matmuls (appendix 92's `matmul_kquants.c`, `PackedLinear`, the `c-packed` matmul): each Q4_K, Q6_K
-and Q5_0 variant this CPU runs equals the exact product of the per-block quantized activations and the dequantized
+"""The packed GGUF matmuls (appendix 92's `matmul_kquants.c`, `PackedLinear`, the `c-packed` matmul): each Q4_K, Q6_K,
+Q5_0, Q4_0 and Q4_1 variant this CPU runs equals the exact product of the per-block quantized activations and the dequantized
 weights to float32 rounding, and the float product to the activations' rounding; a row's bits never depend on the rows
 beside it; a GGUF model's linears hold the file's own bytes, each tensor in its own type; and its tokens stay near the
 dequantized float model's (a tiny mixed-type llama GGUF, and Gemma 3 270M's real Q4_K_M file, slow)."""
@@ -20,7 +20,7 @@ from helios.kernels.build import Q8_VARIANTS, KernelUnavailable
 from helios.kernels.matmul import PackedLinear, matmul_kquants_kernels, packed_kernels
 
 SUM_TOLERANCE = 2**-20  # float32 scaling of exact integer block sums, relative to the products' magnitude sum
-KINDS = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32}  # ggml type -> values per block (and per activation block)
+KINDS = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q4_0": 32, "Q4_1": 32}  # ggml type -> values per block (and per activation block)
 
 
 def runs_here(variant: str) -> bool:
@@ -35,10 +35,14 @@ VARIANTS = [v for v in Q8_VARIANTS if runs_here(v)]
 needs_packed = needs_kernels(builds(matmul_kquants_kernels))
 
 
+def size_of(kind: str) -> int:
+    return GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0]
+
+
 def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    "[n, k] weights in kind's blocks: random codes, scales and mins, small float16 block scales (Q5_0: quantized normals)."
+    "[n, k] weights in kind's blocks: random codes, scales and mins, small float16 block scales (blocks of 32: normals)."
     qtype, rng = GGMLQuantizationType[kind], np.random.default_rng(seed)
-    if kind == "Q5_0": return quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), qtype)
+    if size_of(kind) == 32: return quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), qtype)
     size, nbytes = GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
     halves = lambda: (rng.random((n, k // size, 1)) * 0.003).astype(np.float16).view(np.uint8)
@@ -112,13 +116,25 @@ def registered(monkeypatch):
     monkeypatch.setattr(helios.registry, "entry_points", entry_points)
 
 
+@needs_packed
+def test_it_is_opt_in_never_for_exact_weights_and_q8_0_for_other_checkpoints(registered):
+    from helios.kernels.matmul import Q8_0Linear, c_packed_matmul
+    from helios.registry import Unavailable, choose
+    cpu = torch.device("cpu")
+    assert choose("matmul", device=cpu, exact=False).implementation.name != "c-packed"  # auto never takes it
+    with pytest.raises(Unavailable, match="must stay as loaded"):
+        choose("matmul", "c-packed", device=cpu, exact=True)
+    factory = c_packed_matmul(cpu, exact=False)  # a checkpoint that is not GGUF: every linear in Q8_0, as c-q8_0
+    assert isinstance(factory.make(torch.randn(8, 64), None), Q8_0Linear) and factory.from_gguf is not None
+
+
 def mixed_gguf(folder) -> str:
-    """A tiny llama GGUF (hidden 256) of the types a Q4_K_M file mixes: q/k Q5_0 and v Q8_0 (one stacked Linear of two
-    types, q/k rows permuted as llama's are), output and gate Q4_K, up Q5_0, down Q6_K, embedding Q8_0 (tied head);
-    one F16 tensor for the float fallback."""
+    """A tiny llama GGUF (hidden 256) of the types Q4_K_M and Q4_1 files mix: q Q5_0, k Q4_0 and v Q8_0 (one stacked
+    Linear of three types, q/k rows permuted as llama's are), output and gate Q4_K, up Q4_1, down Q6_K, embedding Q8_0
+    (tied head); one F16 tensor for the float fallback."""
     fields, tensors = tiny_llama_parts(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
-    kinds = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
-             "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
+    kinds = {"attn_q": "Q5_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+             "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
     out = []
     for i, (name, shape, kind, data) in enumerate(tensors):
         part = name.split(".")[-2]
@@ -165,10 +181,11 @@ def test_a_mixed_gguf_keeps_each_tensor_in_its_type_and_stays_near_the_float_mod
         model, reader = packed.model, GGUFFile(path)
         data = {t.name: t.data for t in reader.tensors}
         qkv = model.model.layers[0].self_attn.qkv_proj
-        assert isinstance(qkv, PackedLinear) and qkv.kinds == ["Q5_0", "Q5_0", "Q8_0"]
+        assert isinstance(qkv, PackedLinear) and qkv.kinds == ["Q5_0", "Q4_0", "Q8_0"]
         assert np.array_equal(qkv.blocks2.numpy(), data["blk.0.attn_v.weight"])  # v: not permuted, the file's bytes
         assert sorted(map(bytes, qkv.blocks0.numpy())) == sorted(map(bytes, data["blk.0.attn_q.weight"]))  # q: permuted
         assert type(model.model.layers[1].self_attn.qkv_proj) is torch.nn.Linear  # an F16 part: float32
+        assert model.model.layers[0].mlp.gate_up_proj.kinds == ["Q4_K", "Q4_1"]
         for module, name, kind in [("model.layers.1.mlp.down_proj", "blk.1.ffn_down.weight", "Q6_K"),
                                    ("model.layers.0.self_attn.o_proj", "blk.0.attn_output.weight", "Q4_K"),
                                    ("lm_head", "token_embd.weight", "Q8_0")]:
@@ -201,5 +218,10 @@ def test_gemma3_270m_q4_k_m_stays_near_the_dequantized_model(registered):
           f"mean {mean:.4f}")
     with packed:
         kinds = {k for m in packed.model.modules() if isinstance(m, PackedLinear) for k in m.kinds}
+        data = {t.name: t.data for t in GGUFFile(path).tensors}
+        for module, name in [("model.layers.0.mlp.down_proj", "blk.0.ffn_down.weight"),
+                             ("model.layers.5.self_attn.o_proj", "blk.5.attn_output.weight"),
+                             ("lm_head", "token_embd.weight")]:  # the file's bytes, whatever their type
+            assert np.array_equal(packed.model.get_submodule(module).blocks0.numpy(), data[name]), module
     assert kinds == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
     assert top1 >= 0.85 * len(prompts) and max(gaps) <= 6.0 and mean <= 0.25, (top1, max(gaps), mean)

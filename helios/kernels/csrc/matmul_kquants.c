@@ -1,12 +1,12 @@
-/* y = x W^T with W kept in GGUF's Q4_K, Q6_K or Q5_0 blocks, as llama.cpp multiplies them: each activation row is
-   quantized to int8 (scale max|x| / 127, rounded to nearest, ties away from zero) per block of the weight's type
-   (256 for the K types, with the sum of every 16 values beside; 32 for Q5_0, with its sum), and each block's product
-   is a sum of integer dot products of unsigned weight codes (0..15, 0..63, 0..31) and signed activations, each
-   sub-block's scaled by its integer sub-block scale; the codes' offsets (Q4_K's mins, Q6_K's 32, Q5_0's 16) come in
-   through the activation sums. The integer sum of a block is exact, so it is the same in every variant; it is then
-   scaled by the float scales and added in block order. Variants, one per build: AVX512-VNNI (VPMADDUBSW then
-   VPDPWSSD, built with -DQ8_VNNI), AVX2 (VPMADDUBSW then VPMADDWD) and portable C. A (row, output) pair runs the
-   same code whatever the other rows are, so a request batched with others gets the bits it gets alone. */
+/* y = x W^T with W kept in GGUF's Q4_K, Q6_K, Q5_0, Q4_0 or Q4_1 blocks, as llama.cpp multiplies them: each
+   activation row is quantized to int8 (scale max|x| / 127, rounded to nearest, ties away from zero) per block of the
+   weight's type (256 for the K types, with the sum of every 16 values beside, as llama.cpp's Q8_K; 32 for the others),
+   and each block's product is a sum of integer dot products of unsigned weight codes (0..15, 0..31 or 0..63) and
+   signed activations, each sub-block's scaled by its integer sub-block scale; the codes' offsets and mins come in
+   through the activation sums. A block's integer sum is exact in every variant; it is then scaled by the float scales
+   and added up. Variants, one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2
+   (VPMADDUBSW then VPMADDWD) and portable C. A weight block is unpacked once for up to 8 rows, and each row's sums run
+   the same instructions whatever the other rows are, so a request batched with others gets the bits it gets alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +23,8 @@
 #define Q6_K_BYTES 210      /* 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d */
 #define QK5 32              /* values per Q5_0 block */
 #define Q5_0_BYTES 22       /* float16 d, 32 high bits, 16 bytes of low 4 bits */
+#define Q4_0_BYTES 18       /* float16 d, 16 bytes of 4-bit codes */
+#define Q4_1_BYTES 20       /* float16 d, float16 m, 16 bytes of 4-bit codes */
 
 static inline float fp16(const uint8_t *p) {  /* a little-endian float16 as a float32, exactly */
     uint16_t h;
@@ -209,9 +211,14 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
 
-/* Q5_0: per block of 32, the 5-bit codes (0..31) once; then, per row, the block's integer products (codes - 16) . x,
-   exact in each lane, scaled by d d_x and added in float. The vector variants keep 8 float lanes a row and add them at
-   the end in a fixed order (a sum per 32 values would cost more than the products); portable C adds per block. */
+/* The blocks of 32: Q4_0 (w = d (q - 8), 4-bit codes), Q4_1 (w = d q + m) and Q5_0 (w = d (q - 16), a fifth bit per
+   code). Per block, the codes (0..31) once; then, per row, the block's integer products (codes - offset) . x, exact in
+   each lane, scaled by d d_x and added in float (Q4_1's m d_x sum(x) beside them). The vector variants keep 8 float
+   lanes a row and add them at the end in a fixed order (a sum per 32 values would cost more than the products);
+   portable C adds per block. */
+enum small_kind { Q4_0_KIND, Q4_1_KIND, Q5_0_KIND };
+static const int SMALL_BYTES[] = {Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES}, SMALL_OFFSET[] = {8, 0, 16};
+
 #if defined(__AVX2__)
 static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
     const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -220,33 +227,37 @@ static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
 }
 #endif
 
-static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                      float *y, int64_t ldy) {
+static inline void rows_small(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb,
+                              int R, float *y, int64_t ldy, enum small_kind kind) {
+    const int offset = SMALL_OFFSET[kind];
+    float mins[ROWS] = {0};  /* Q4_1: sum of m d_x sum(x) over the blocks */
 #if defined(__AVX2__)
     __m256 acc[ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
-    (void)xs;  /* the offset is taken off the pairs: (q - 16) x = q x - 16 x, each at most 2 · 31 · 127 */
+    const __m256i off8 = _mm256_set1_epi8((char)offset), ones = _mm256_set1_epi16(1);
 #else
     float acc[ROWS] = {0};
 #endif
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * Q5_0_BYTES, *qs = wb + 6;
-        const float d = fp16(wb);
-        uint32_t qh;
-        memcpy(&qh, wb + 2, 4);
+        const uint8_t *wb = w + b * SMALL_BYTES[kind], *qs = wb + (kind == Q4_0_KIND ? 2 : kind == Q4_1_KIND ? 4 : 6);
+        const float d = fp16(wb), m = kind == Q4_1_KIND ? fp16(wb + 2) : 0.f;
+        uint32_t qh = 0;
+        if (kind == Q5_0_KIND) memcpy(&qh, wb + 2, 4);
+        for (int r = 0; r < R; r++)
+            if (kind == Q4_1_KIND) mins[r] += m * xd[r * nb + b] * (float)(xs[(r * nb + b) * 2] + xs[(r * nb + b) * 2 + 1]);
 #if defined(__AVX2__)
-        /* value j's fifth bit is bit j of qh: byte j of a vector gets byte j / 8 of qh, tested against bit j % 8 */
-        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
         const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-        const __m256i codes = _mm256_or_si256(high, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
-                                                                     _mm256_set1_epi8(0x0f)));
-        for (int r = 0; r < R; r++) {
+        __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+        if (kind == Q5_0_KIND) {  /* value j's fifth bit is bit j of qh: byte j gets byte j / 8 of qh, tests bit j % 8 */
+            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+            codes = _mm256_or_si256(codes, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                                            _mm256_set1_epi8(0x10)));
+        }
+        for (int r = 0; r < R; r++) {  /* (q - offset) x = q x - offset x, each pair at most 2 · 31 · 127 */
             const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (r * nb + b) * QK5));
-            const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes, x), _mm256_maddubs_epi16(sixteen, x));
+            const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes, x), _mm256_maddubs_epi16(off8, x));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb + b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)),
                                      acc[r]);
         }
@@ -261,16 +272,21 @@ static void rows_q5_0(const uint8_t *w, const int8_t *xq, const float *xd, const
             const int16_t *s = xs + (r * nb + b) * 2;
             int32_t dot = 0;
             for (int j = 0; j < QK5; j++) dot += codes[j] * x[j];
-            acc[r] += xd[r * nb + b] * (d * (float)(dot - 16 * (s[0] + s[1])));
+            acc[r] += xd[r * nb + b] * (d * (float)(dot - offset * (s[0] + s[1])));
         }
 #endif
     }
 #if defined(__AVX2__)
-    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);
+    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]) + mins[r];
 #else
-    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+    for (int r = 0; r < R; r++) y[r * ldy] = acc[r] + mins[r];
 #endif
 }
+
+#define ROWS_SMALL(name, kind)                                                                                         \
+static void name(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R, float *y, \
+                 int64_t ldy) { rows_small(w, xq, xd, xs, nb, R, y, ldy, kind); }
+ROWS_SMALL(rows_q4_0, Q4_0_KIND) ROWS_SMALL(rows_q4_1, Q4_1_KIND) ROWS_SMALL(rows_q5_0, Q5_0_KIND)
 
 typedef void (*rows_dot)(const uint8_t *, const int8_t *, const float *, const int16_t *, int64_t, int, float *, int64_t);
 
@@ -309,6 +325,14 @@ void matmul_q6_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t
 
 void matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
     matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, rows_q5_0, "matmul_q5_0");
+}
+
+void matmul_q4_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_0_BYTES, rows_q4_0, "matmul_q4_0");
+}
+
+void matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_1_BYTES, rows_q4_1, "matmul_q4_1");
 }
 
 const char *matmul_kquants_isa(void) {
