@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'MATMUL_KQUANT_SOURCES', 'KQUANT_FUNCTIONS', 'PACKED_TYPES', 'C_PACKED_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul', 'matmul_kquants_kernels', 'packed_kernels', 'PackedLinear', 'file_rows', 'linear_parts', 'packed_segments', 'replace_packed', 'c_packed_matmul']
+__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'MATMUL_KQUANT_SOURCES', 'KQUANT_FUNCTIONS', 'PACKED_TYPES', 'C_PACKED_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul', 'matmul_kquants_kernels', 'packed_kernels', 'PackedLinear', 'BlocksLinear', 'packed_linear', 'file_rows', 'linear_parts', 'packed_segments', 'replace_packed', 'c_packed_matmul']
 
 # %% ../../nbs/92_kernels.ipynb #k92030aa
 import ctypes
@@ -232,6 +232,36 @@ class PackedLinear(nn.Module):
         if self.bias is not None: out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
+    def blocks(self) -> list[torch.Tensor]:
+        "Each segment's blocks, in row order."
+        return [getattr(self, f"blocks{i}") for i in range(len(self.rows))]
+
+
+class BlocksLinear(CHalfLinear):
+    """A Linear of one segment, the file's blocks of one type as `packed` and its kernel as `matmul`: a `CHalfLinear`,
+    so a decoder layer whose projections all share one type (a Q8_0 or Q4_1 file) is still one C call."""
+
+    def __init__(self, kind: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None, matmul):
+        nn.Module.__init__(self)  # not CHalfLinear's: the blocks are packed already
+        self.out_features, self.in_features, self.kinds = blocks.shape[0], in_features, [kind]
+        self.register_buffer("packed", blocks)  # uint8 [out, bytes per row]
+        self.bias, self.matmul = bias, matmul
+
+    def blocks(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+def packed_linear(segments: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
+                  kernels: dict) -> nn.Module:
+    "A BlocksLinear where every segment has one type (their rows joined), else a PackedLinear of the runs of one type."
+    runs = []
+    for kind, blocks in segments:
+        if runs and runs[-1][0] == kind: runs[-1] = (kind, torch.cat([runs[-1][1], blocks]))  # rows of one layout
+        else: runs.append((kind, blocks))
+    if len(runs) > 1: return PackedLinear(runs, in_features, bias, kernels)
+    (kind, blocks), = runs
+    return BlocksLinear(kind, blocks, in_features, bias, kernels[kind])
+
 # %% ../../nbs/92_kernels.ipynb #fa33ff38
 import numpy as np
 
@@ -284,21 +314,21 @@ def packed_segments(weight: torch.Tensor, parts: list[str],
 
 
 def replace_packed(model: nn.Module, reader: GGUFFile, cfg: ModelConfig, kernels: dict) -> int:
-    "Replace every float32 Linear, and the LM head, whose rows the file holds in packed types by a PackedLinear."
+    "Replace every float32 Linear, and the LM head, whose rows the file holds in packed types by a packed_linear."
     tensors, count = file_rows(reader, cfg), 0
     for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if not (isinstance(child, nn.Linear) and child.weight.dtype == torch.float32): continue
             segments = packed_segments(child.weight, linear_parts(f"{prefix}.{name}" if prefix else name), tensors)
             if segments is None: continue
-            setattr(module, name, PackedLinear(segments, child.in_features, child.bias, kernels))
+            setattr(module, name, packed_linear(segments, child.in_features, child.bias, kernels))
             count += 1
     head = getattr(model, "lm_head", None)
     if isinstance(head, LMHead) and head.weight.dtype == torch.float32:
         name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"  # tied: the embedding
         segments = packed_segments(head.weight, [name], tensors)
         if segments is not None:
-            model.lm_head = PackedLinear(segments, head.weight.shape[1], None, kernels)
+            model.lm_head = packed_linear(segments, head.weight.shape[1], None, kernels)
             count += 1
     return count
 

@@ -17,7 +17,7 @@ from gguf_writer import gguf_from_parts, tiny_llama_parts
 from kernel_support import builds, needs_kernels
 from helios.formats.gguf import GGUFFile
 from helios.kernels.build import Q8_VARIANTS, KernelUnavailable
-from helios.kernels.matmul import PackedLinear, matmul_kquants_kernels, packed_kernels
+from helios.kernels.matmul import BlocksLinear, CHalfLinear, PackedLinear, matmul_kquants_kernels, packed_kernels
 
 SUM_TOLERANCE = 2**-20  # float32 scaling of exact integer block sums, relative to the products' magnitude sum
 KINDS = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q4_0": 32, "Q4_1": 32}  # ggml type -> values per block (and per activation block)
@@ -128,17 +128,19 @@ def test_it_is_opt_in_never_for_exact_weights_and_q8_0_for_other_checkpoints(reg
     assert isinstance(factory.make(torch.randn(8, 64), None), Q8_0Linear) and factory.from_gguf is not None
 
 
-def mixed_gguf(folder) -> str:
+MIXED = {"attn_q": "Q5_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+         "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
+
+
+def mixed_gguf(folder, kinds: dict = MIXED, f16: str | None = "blk.1.attn_v.weight") -> str:
     """A tiny llama GGUF (hidden 256) of the types Q4_K_M and Q4_1 files mix: q Q5_0, k Q4_0 and v Q8_0 (one stacked
     Linear of three types, q/k rows permuted as llama's are), output and gate Q4_K, up Q4_1, down Q6_K, embedding Q8_0
-    (tied head); one F16 tensor for the float fallback."""
+    (tied head); one F16 tensor for the float fallback. `kinds` and `f16` choose others."""
     fields, tensors = tiny_llama_parts(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
-    kinds = {"attn_q": "Q5_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
-             "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
     out = []
     for i, (name, shape, kind, data) in enumerate(tensors):
         part = name.split(".")[-2]
-        if len(shape) == 2 and name == "blk.1.attn_v.weight": kind_name = "F16"
+        if len(shape) == 2 and name == f16: kind_name = "F16"
         else: kind_name = kinds.get(part)
         if len(shape) != 2 or kind_name is None: out.append((name, shape, kind, data)); continue
         if kind_name == "F16":
@@ -182,19 +184,36 @@ def test_a_mixed_gguf_keeps_each_tensor_in_its_type_and_stays_near_the_float_mod
         data = {t.name: t.data for t in reader.tensors}
         qkv = model.model.layers[0].self_attn.qkv_proj
         assert isinstance(qkv, PackedLinear) and qkv.kinds == ["Q5_0", "Q4_0", "Q8_0"]
-        assert np.array_equal(qkv.blocks2.numpy(), data["blk.0.attn_v.weight"])  # v: not permuted, the file's bytes
-        assert sorted(map(bytes, qkv.blocks0.numpy())) == sorted(map(bytes, data["blk.0.attn_q.weight"]))  # q: permuted
+        assert np.array_equal(qkv.blocks()[2].numpy(), data["blk.0.attn_v.weight"])  # v: not permuted, the file's bytes
+        assert sorted(map(bytes, qkv.blocks()[0].numpy())) == sorted(map(bytes, data["blk.0.attn_q.weight"]))  # q: permuted
         assert type(model.model.layers[1].self_attn.qkv_proj) is torch.nn.Linear  # an F16 part: float32
-        assert model.model.layers[0].mlp.gate_up_proj.kinds == ["Q4_K", "Q4_1"]
+        assert model.model.layers[0].mlp.gate_up_proj.kinds == ["Q4_K", "Q4_1"]  # two types: two segments
         for module, name, kind in [("model.layers.1.mlp.down_proj", "blk.1.ffn_down.weight", "Q6_K"),
                                    ("model.layers.0.self_attn.o_proj", "blk.0.attn_output.weight", "Q4_K"),
                                    ("lm_head", "token_embd.weight", "Q8_0")]:
             linear = model.get_submodule(module)
-            assert linear.kinds == [kind] and np.array_equal(linear.blocks0.numpy(), data[name])
+            assert isinstance(linear, BlocksLinear) and linear.kinds == [kind] and np.array_equal(linear.blocks()[0].numpy(), data[name])
         greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         together = [o.outputs[0].token_ids for o in packed.generate(prompts[:6], greedy, use_tqdm=False)]
         alone = [packed.generate([p], greedy, use_tqdm=False)[0].outputs[0].token_ids for p in prompts[:6]]
     assert together == alone
+    assert top1 >= 60 and max(gaps) <= 0.05, (top1, max(gaps))
+
+
+@needs_packed
+def test_a_file_of_one_type_runs_each_layer_as_one_c_call(registered, tmp_path):
+    "A Q4_1 file (as SmolLM2's): every linear a BlocksLinear on one kernel, so the decoder layer is still one C call."
+    from helios.kernels.attention import CKernels
+    path = mixed_gguf(tmp_path, dict.fromkeys(MIXED, "Q4_1") | {"token_embd": "Q8_0"}, f16=None)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(62) for _ in range(rng.randrange(1, 40))] for _ in range(64)]
+    top1, gaps, packed = top_agreement(path, prompts)
+    with packed:
+        linears = [m for m in packed.model.modules() if isinstance(m, CHalfLinear)]
+        assert len(linears) == 9 and all(isinstance(m, BlocksLinear) and m.kinds == ["Q4_1"] for m in linears[:-1])
+        backend = packed.engine.runner.backend
+        if isinstance(backend, CKernels):
+            assert backend.layers.layer_weights(packed.model.model.layers[0]) is not None
     assert top1 >= 60 and max(gaps) <= 0.05, (top1, max(gaps))
 
 
@@ -217,11 +236,11 @@ def test_gemma3_270m_q4_k_m_stays_near_the_dequantized_model(registered):
     print(f"Gemma 3 270M Q4_K_M, c-packed against float32: top-1 {top1}/{len(prompts)}, |Δ log p| max {max(gaps):.3f}, "
           f"mean {mean:.4f}")
     with packed:
-        kinds = {k for m in packed.model.modules() if isinstance(m, PackedLinear) for k in m.kinds}
+        kinds = {k for m in packed.model.modules() if isinstance(m, (PackedLinear, BlocksLinear)) for k in m.kinds}
         data = {t.name: t.data for t in GGUFFile(path).tensors}
         for module, name in [("model.layers.0.mlp.down_proj", "blk.0.ffn_down.weight"),
                              ("model.layers.5.self_attn.o_proj", "blk.5.attn_output.weight"),
                              ("lm_head", "token_embd.weight")]:  # the file's bytes, whatever their type
-            assert np.array_equal(packed.model.get_submodule(module).blocks0.numpy(), data[name]), module
+            assert np.array_equal(packed.model.get_submodule(module).blocks()[0].numpy(), data[name]), module
     assert kinds == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
     assert top1 >= 0.85 * len(prompts) and max(gaps) <= 6.0 and mean <= 0.25, (top1, max(gaps), mean)
