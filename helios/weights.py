@@ -131,6 +131,8 @@ class LinearFactory(NamedTuple):
     weight_dtype: torch.dtype | None  # how the replaced weights are stored (None: as loaded)
     summary: str | None = None        # how the start-up line names what was built (None: the implementation's summary)
     kv_dtype: torch.dtype | None = None  # the KV pages it pairs with under kv_cache_dtype=auto (None: the model's dtype)
+    from_gguf: Callable[..., int] | None = None  # from_gguf(model, reader, cfg): replaces a GGUF model's linears from
+                                                 # the file's own blocks, returns how many (None: by make, as any other)
 
 
 def _replaceable(w) -> bool:
@@ -353,6 +355,8 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     choice = choose_matmul(matmul, device, dtype, exact, family) if optimize else None  # before the weights: fail fast
     net = build(cfg, path, reader, dtype, device)
     weight_dtype = dtype
-    if choice is not None and choice.value.make is not None and replace_linears(net, choice.value.make):
-        weight_dtype = choice.value.weight_dtype or dtype
+    if choice is not None and choice.value.make is not None:
+        from_file = choice.value.from_gguf if reader is not None else None
+        if from_file(net, reader, cfg) if from_file is not None else replace_linears(net, choice.value.make):
+            weight_dtype = choice.value.weight_dtype or dtype
     return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start, choice)

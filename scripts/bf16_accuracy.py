@@ -3,6 +3,7 @@
     python scripts/bf16_accuracy.py                 # 512 positions of real text, every mode this CPU runs
     python scripts/bf16_accuracy.py --positions 64  # a quick look
     python scripts/bf16_accuracy.py --model gemma3-270m   # Gemma 3 270M (pip install 'helios[gemma3]')
+    python scripts/bf16_accuracy.py --model gemma3-270m --matmul c-packed --matmul c-q8_0   # only these matmuls
 
 Each position is one prompt: a 64-token window of real English prose (the standard library's docstrings), the windows
 `STRIDE` tokens apart. Every mode gives its next-token log-probabilities through the engine (paged KV, C kernels, its
@@ -107,10 +108,15 @@ def main():
     parser.add_argument("--positions", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--model", default=None, help="a model LLM() takes (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--matmul", action="append", help="measure this matmul (repeatable) instead of the modes above")
     args = parser.parse_args()
     import torch
     if args.threads: torch.set_num_threads(args.threads)
-    results, reference_s = measure(MODES, args.positions, args.model)
+    if args.matmul and "c-packed" in args.matmul:
+        from packed_decode import register_packed
+        register_packed()
+    modes = {name: dict(matmul=name) for name in args.matmul} if args.matmul else MODES
+    results, reference_s = measure(modes, args.positions, args.model)
     print(f"{args.model or 'SmolLM2-135M'}, {args.positions} positions of real text ({WINDOW}-token windows), against dtype=float32 "
           f"({reference_s:.1f} s); {machine()}")
     for name, a in results.items():

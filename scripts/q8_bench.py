@@ -1,10 +1,13 @@
-"""One decode-shaped product with Q8_0 blocks against the bfloat16 and float32 matmuls (appendix 92).
+"""One decode-shaped product with Q8_0, Q4_K, Q6_K and Q5_0 blocks against the bfloat16 and float32 matmuls (appendix 92).
 
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py            # prints a markdown table
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py --out benchmarks/results/q8_0/xeon-amx.md
+    flock /tmp/helios-cpu.lock python scripts/q8_bench.py --gemma --out benchmarks/results/packed/xeon-amx.md
 
 Shapes (outputs x inputs): 6144 x 2048 (a Qwen3-1.7B gate/up product) and 1536 x 576 (SmolLM2's); rows: 1 and 16 (a
-decode tick alone and batched). Contenders: `Q8_0Linear` in every variant this CPU runs, `CBf16Linear` in every bfloat16
+decode tick alone and batched); with --gemma, 6144 x 2048 and Gemma 3 270M's MLP products 2048 x 640 and 640 x 2048.
+Contenders: `Q8_0Linear` in every variant this CPU runs, `PackedLinear` on random Q4_K, Q6_K and Q5_0 blocks (the types
+whose block fits the inputs) in every variant, `CBf16Linear` in every bfloat16
 variant it runs, the float16-weight `CHalfLinear`, and float32 (`torch.nn.functional.linear`, oneDNN). Each time is the
 median of REPEATS calls after a warm-up; the contenders take turns over ROUNDS rounds (interleaved, so that a change
 of load hits them all), and the table shows the best round's median (the least disturbed by other work on the machine), the
@@ -23,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = [(6144, 2048), (1536, 576)]  # [out, in]
+GEMMA_SHAPES = [(6144, 2048), (2048, 640), (640, 2048)]
 ROWS = (1, 16)
 REPEATS = 100
 ROUNDS = 5
@@ -49,15 +53,30 @@ def median_ms(fn, x: torch.Tensor) -> float:
     return statistics.median(times) * 1e3
 
 
+def random_blocks(kind: str, n: int, k: int) -> torch.Tensor:
+    "[n, k] weights in kind's blocks: random bytes with small float16 block scales (the time does not depend on them)."
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    b = torch.randint(0, 256, (n, k // size, nbytes), dtype=torch.uint8)
+    small = torch.full((n, k // size, 1), 0.001, dtype=torch.float16).view(torch.uint8)
+    for start in {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,)}[kind]: b[..., start:start + 2] = small
+    return b.reshape(n, -1)
+
+
 def contenders(weight: torch.Tensor) -> dict[str, tuple[object, int]]:
     "name -> (a callable on x, the bytes of weights it reads)."
     from helios.kernels.build import KernelUnavailable, native_bf16, q8_variants
-    from helios.kernels.matmul import (CBf16Linear, CHalfLinear, Q8_0Linear, matmul_bf16_kernel, matmul_kernel,
-                                       matmul_q8_0_kernel)
+    from helios.kernels.matmul import (CBf16Linear, CHalfLinear, PackedLinear, Q8_0Linear, matmul_bf16_kernel,
+                                       matmul_kernel, matmul_kquants_kernels, matmul_q8_0_kernel)
     found = {}
     for variant in q8_variants():
         linear = Q8_0Linear(weight, None, matmul_q8_0_kernel(variant=variant))
         found[f"Q8_0 packed, {linear.matmul.isa}"] = linear, linear.packed.numel()
+        kernels = matmul_kquants_kernels(variant=variant)
+        for kind, size in (("Q4_K", 256), ("Q6_K", 256), ("Q5_0", 32)):
+            if weight.shape[1] % size: continue
+            linear = PackedLinear([(kind, random_blocks(kind, *weight.shape))], weight.shape[1], None, kernels)
+            found[f"{kind} packed, {kernels[kind].isa}"] = linear, linear.blocks0.numel()
     for variant in native_bf16():
         try: linear = CBf16Linear(weight, None, matmul_bf16_kernel(variant=variant))
         except KernelUnavailable: continue
@@ -74,11 +93,12 @@ def contenders(weight: torch.Tensor) -> dict[str, tuple[object, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the table to this markdown file")
+    parser.add_argument("--gemma", action="store_true", help="Gemma 3 270M's MLP shapes beside 6144 x 2048")
     args = parser.parse_args()
     torch.manual_seed(0)
     lines = [f"CPU: {cpu_line()}", "", "| product (out x in) | rows | matmul | weight MB | ms (best round) | "
              "ms (range) | GB/s of weights |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for n_out, n_in in SHAPES:
+    for n_out, n_in in GEMMA_SHAPES if args.gemma else SHAPES:
         weight = torch.randn(n_out, n_in) * 0.05
         found = contenders(weight)
         inputs = {rows: torch.randn(rows, n_in) for rows in ROWS}

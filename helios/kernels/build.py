@@ -1,4 +1,4 @@
-"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), a matmul on GGUF's Q8_0 blocks with int8 products, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c`, `c-bf16` and `c-q8_0` matmuls.
+"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), matmuls on GGUF's Q8_0, Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 blocks with int8 products, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c`, `c-bf16`, `c-q8_0` and `c-packed` matmuls.
 
 Docs: https://helios-engine.github.io/helios/kernels.html.md"""
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul']
+__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'MATMUL_KQUANT_SOURCES', 'KQUANT_FUNCTIONS', 'PACKED_TYPES', 'C_PACKED_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul', 'matmul_kquants_kernels', 'packed_kernels', 'PackedLinear', 'BlocksLinear', 'packed_linear', 'file_rows', 'linear_parts', 'packed_segments', 'replace_packed', 'c_packed_matmul']
 
 # %% ../../nbs/92_kernels.ipynb #k92030aa
 import ctypes
@@ -178,3 +178,171 @@ def c_q8_0_matmul(device: torch.device, exact: bool) -> LinearFactory:
 
 
 C_Q8_0_MATMUL = Implementation("matmul", "c-q8_0", c_q8_0_matmul, None, "C, Q8_0 blocks")
+
+# %% ../../nbs/92_kernels.ipynb #14697d50
+MATMUL_KQUANT_SOURCES = ("matmul_kquants.c",)  # the Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls, a library of their own
+KQUANT_FUNCTIONS = {"Q4_K": "matmul_q4_k", "Q6_K": "matmul_q6_k", "Q5_0": "matmul_q5_0",  # ggml type -> C function
+                    "Q4_0": "matmul_q4_0", "Q4_1": "matmul_q4_1"}
+
+
+def matmul_kquants_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
+    """The C Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls in `variant` (None: q8_variant's choice for this CPU), by ggml
+    type name, each a ctypes function with the signature of matmul_f16 whose `isa` names the variant;
+    KernelUnavailable saying why not."""
+    isa, flags = Q8_VARIANTS[variant or q8_variant()]
+    lib = load_built(lambda rebuild: build_library(MATMUL_KQUANT_SOURCES, flags, cache_dir, rebuild,
+                                                   require_openmp=True, isa=isa),
+                     lambda library: ctypes.CDLL(str(library)))
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    variant_name = c_function(lib, "matmul_kquants_isa", restype=ctypes.c_char_p)().decode()
+    kernels = {}
+    for kind, name in KQUANT_FUNCTIONS.items():
+        kernels[kind] = c_function(lib, name, ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+        kernels[kind].isa = variant_name
+    return kernels
+
+
+def packed_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
+    "Every packed matmul, by the ggml type it multiplies: Q8_0, Q4_K, Q6_K, Q5_0, Q4_0, Q4_1."
+    return {"Q8_0": matmul_q8_0_kernel(cache_dir, variant), **matmul_kquants_kernels(cache_dir, variant)}
+
+# %% ../../nbs/92_kernels.ipynb #f96a3004
+class PackedLinear(nn.Module):
+    "A Linear whose rows are GGUF blocks in one or more segments, each of its own type, multiplied by its C kernel."
+
+    def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
+                 kernels: dict):
+        super().__init__()
+        self.in_features, self.bias = in_features, bias
+        self.kinds = [kind for kind, _ in segments]                  # ggml type names, in row order
+        self.rows = [int(blocks.shape[0]) for _, blocks in segments]
+        self.out_features = sum(self.rows)
+        for i, (_, blocks) in enumerate(segments): self.register_buffer(f"blocks{i}", blocks)  # uint8 [rows, bytes]
+        self.kernels = [kernels[kind] for kind in self.kinds]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out] float32
+        flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        parts = []
+        for i, (matmul, rows) in enumerate(zip(self.kernels, self.rows)):
+            out = flat.new_empty(flat.shape[0], rows)
+            matmul(flat.data_ptr(), flat.shape[0], self.in_features, getattr(self, f"blocks{i}").data_ptr(), rows,
+                   out.data_ptr(), torch.get_num_threads())
+            parts.append(out)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if self.bias is not None: out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def blocks(self) -> list[torch.Tensor]:
+        "Each segment's blocks, in row order."
+        return [getattr(self, f"blocks{i}") for i in range(len(self.rows))]
+
+
+class BlocksLinear(CHalfLinear):
+    """A Linear of one segment, the file's blocks of one type as `packed` and its kernel as `matmul`: a `CHalfLinear`,
+    so a decoder layer whose projections all share one type (a Q8_0 or Q4_1 file) is still one C call."""
+
+    def __init__(self, kind: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None, matmul):
+        nn.Module.__init__(self)  # not CHalfLinear's: the blocks are packed already
+        self.out_features, self.in_features, self.kinds = blocks.shape[0], in_features, [kind]
+        self.register_buffer("packed", blocks)  # uint8 [out, bytes per row]
+        self.bias, self.matmul = bias, matmul
+
+    def blocks(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+def packed_linear(segments: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
+                  kernels: dict) -> nn.Module:
+    "A BlocksLinear where every segment has one type (their rows joined), else a PackedLinear of the runs of one type."
+    runs = []
+    for kind, blocks in segments:
+        if runs and runs[-1][0] == kind: runs[-1] = (kind, torch.cat([runs[-1][1], blocks]))  # rows of one layout
+        else: runs.append((kind, blocks))
+    if len(runs) > 1: return PackedLinear(runs, in_features, bias, kernels)
+    (kind, blocks), = runs
+    return BlocksLinear(kind, blocks, in_features, bias, kernels[kind])
+
+# %% ../../nbs/92_kernels.ipynb #fa33ff38
+import numpy as np
+
+from ..config import ModelConfig
+from ..families import load_family
+from ..formats.gguf import GGUFFile, GGUFTensor, gguf_tensor_naming, unpermute_rope
+from ..model.layers import LMHead
+from ..model.qwen3 import STACKED_PROJECTIONS
+
+PACKED_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "Q4_1")  # the ggml types with a packed kernel
+
+
+def file_rows(reader: GGUFFile, cfg: ModelConfig) -> dict[str, tuple[GGUFTensor, np.ndarray]]:
+    "Each 2-D tensor of the file by its Hugging Face name, with its rows in the model's order."
+    reading, tensor_name = load_family(cfg.architecture).gguf, gguf_tensor_naming(cfg)
+    out = {}
+    for t in reader.tensors:
+        if len(t.shape) != 2: continue
+        rows = np.arange(t.shape[0])
+        if reading.rope_permuted and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+            rows = unpermute_rope(rows, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
+        out[tensor_name(t.name)] = (t, rows)
+    return out
+
+
+def linear_parts(name: str) -> list[str]:
+    "The checkpoint tensors a Linear's weight is stacked from, in row order (most Linears: their own)."
+    for stacked, parts in STACKED_PROJECTIONS.items():
+        if name.endswith("." + stacked): return [f"{name.removesuffix(stacked)}{part}.weight" for part in parts]
+    return [f"{name}.weight"]
+
+# %% ../../nbs/92_kernels.ipynb #7b1d15b4
+def packed_segments(weight: torch.Tensor, parts: list[str],
+                    tensors: dict[str, tuple[GGUFTensor, np.ndarray]]) -> list[tuple[str, torch.Tensor]] | None:
+    """The file's blocks of a weight stacked from `parts`, one segment per part; None where a part is not in the file,
+    is of a type with no packed kernel, or is not the weight's rows."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    segments, start = [], 0
+    for part in parts:
+        if part not in tensors: return None
+        t, rows = tensors[part]
+        kind = GGMLQuantizationType(t.ggml_type).name
+        if kind not in PACKED_TYPES or t.shape[1] != weight.shape[1] or start + len(rows) > weight.shape[0]: return None
+        first = dequantize(np.asarray(t.data[rows[0]]), t.ggml_type).reshape(-1)
+        if not np.array_equal(first, weight[start].detach().numpy()): return None  # values the family changed
+        segments.append((kind, torch.from_numpy(np.ascontiguousarray(t.data[rows]))))  # a copy: the file's bytes
+        start += len(rows)
+    return segments if start == weight.shape[0] else None
+
+
+def replace_packed(model: nn.Module, reader: GGUFFile, cfg: ModelConfig, kernels: dict) -> int:
+    "Replace every float32 Linear, and the LM head, whose rows the file holds in packed types by a packed_linear."
+    tensors, count = file_rows(reader, cfg), 0
+    for prefix, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            if not (isinstance(child, nn.Linear) and child.weight.dtype == torch.float32): continue
+            segments = packed_segments(child.weight, linear_parts(f"{prefix}.{name}" if prefix else name), tensors)
+            if segments is None: continue
+            setattr(module, name, packed_linear(segments, child.in_features, child.bias, kernels))
+            count += 1
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, LMHead) and head.weight.dtype == torch.float32:
+        name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"  # tied: the embedding
+        segments = packed_segments(head.weight, [name], tensors)
+        if segments is not None:
+            model.lm_head = packed_linear(segments, head.weight.shape[1], None, kernels)
+            count += 1
+    return count
+
+# %% ../../nbs/92_kernels.ipynb #0920ceef
+def c_packed_matmul(device: torch.device, exact: bool) -> LinearFactory:
+    """The `c-packed` matmul: a GGUF model's linears in the file's own blocks (PACKED_TYPES), each multiplied
+    by its type's kernel, the others float32; any other checkpoint's in Q8_0 blocks, as `c-q8_0`."""
+    if exact: raise NotApplicable("the packed matmuls quantize the activations, and the weights must stay as loaded")
+    if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")
+    kernels = packed_kernels()
+    q8 = kernels["Q8_0"]
+    return LinearFactory(lambda weight, bias=None: Q8_0Linear(weight, bias, q8), torch.int8,
+                         f"C, GGUF blocks kept packed, int8 products, {q8.isa} on this CPU",
+                         from_gguf=lambda model, reader, cfg: replace_packed(model, reader, cfg, kernels))
+
+
+C_PACKED_MATMUL = Implementation("matmul", "c-packed", c_packed_matmul, None, "C, GGUF blocks kept packed")
