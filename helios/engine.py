@@ -425,11 +425,13 @@ def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, co
     "An engine whose pool fills the configured budget, or on a GPU what one largest tick leaves of its memory."
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
-    memory = None
+    memory, states = None, sequence_states(model, config)  # the states' bytes come out of the pages' budget
     if config.kv_cache_bytes is None and model.device.type == "cuda":
+        if states is not None:  # the profile's tick runs on a bare PagedKV
+            raise ValueError(f"{model.config.architecture} models keep per-sequence states, which the GPU memory "
+                             f"profile does not run; set kv_cache_bytes")
         memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
     budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
-    states = sequence_states(model, config)  # their bytes come out of the pages' budget
     if states is not None and states.nbytes >= budget:
         raise ValueError(f"the {states.describe()} fill the KV budget of {budget / 2**20:,.1f} MiB; lower "
                          f"max_batch_size or raise kv_cache_bytes")

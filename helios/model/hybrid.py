@@ -651,7 +651,8 @@ def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> Paged
     runs, size = [], self.page_size
     for chunk, row, first in zip(plan.chunks, rows, kv.batch.query_starts):
         end, hashes, cuts = chunk.start + chunk.num_tokens, chunk.seq.block_hashes, {}
-        for block_end in range((chunk.start // size + 1) * size, min(end, len(hashes) * size) + 1, size):
+        first_end, last_end = (chunk.start // size + 1) * size, min(end, len(hashes) * size)
+        for block_end in range(last_end, first_end - 1, -size):  # the deepest first: with few slots, it wins
             h = hashes[block_end // size - 1]
             if h in self.snapshots or any(h == p for p, _ in self.pending):
                 if h in self.snapshots: self.snapshots.move_to_end(h)
@@ -667,16 +668,17 @@ def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> Paged
 
 @patch
 def commit(self: StatePool):
-    "The forward ran every linear layer: the snapshots it took now stand for their blocks."
-    for h, slot in self.pending: self.snapshots[h] = slot
+    "The forward ran every linear layer: the snapshots it took now stand for their blocks (the deepest most recent)."
+    for h, slot in reversed(self.pending): self.snapshots[h] = slot
     self.pending = []
 
 # %% ../../nbs/20_hybrid.ipynb #20b00c
 @patch
 def release(self: StatePool, seq: Sequence, row: int | None):
-    "seq gave its row back: a sequence preempted by swapping keeps its state on the host; otherwise it is dropped."
-    self.chosen.pop(seq.seq_id, None)
+    """seq gave its row back: a sequence preempted by swapping keeps its state on the host (or, swapped before it
+    ever ran, the snapshot its admission chose); otherwise it is dropped."""
     tokens = self.row_tokens.pop(row, None) if row is not None else None
+    if seq.swapped_pages is None or tokens is not None: self.chosen.pop(seq.seq_id, None)
     if seq.swapped_pages is not None and tokens is not None:
         self.swapped[seq.seq_id] = tokens, LinearState(self.conv[:, row].to("cpu", copy=True),
                                                        self.recurrent[:, row].to("cpu", copy=True))
@@ -686,9 +688,8 @@ def release(self: StatePool, seq: Sequence, row: int | None):
 
 @patch
 def check_invariants(self: StatePool, running: list[Sequence]):
-    "Every snapshot slot is free or holds one block; only running sequences hold rows; nothing is half taken."
-    assert not self.pending, "a forward's snapshots were neither kept nor given back"
-    slots = sorted([*self.snapshots.values(), *self.free_slots])
+    "Every snapshot slot is free, holds one block, or waits for a forward that failed (the next bind frees it); only running sequences hold rows."
+    slots = sorted([*self.snapshots.values(), *self.free_slots, *(slot for _, slot in self.pending)])
     assert slots == list(range(self.num_rows, self.num_rows + self.num_snapshot_slots)), "a snapshot slot leaked"
     assert len(self.row_tokens) <= len(running) and all(0 <= r < self.num_rows for r in self.row_tokens)
     assert not {s.seq_id for s in running if not s.is_prefilling} & set(self.chosen)

@@ -162,3 +162,24 @@ def test_auto_passes_over_cuda_graphs_for_a_hybrid(hybrid):
     assert engine.runner.states is engine.states
     with pytest.raises(NotApplicable, match="per-sequence state"):
         build_graph_runner(model, engine.kv, 4, 4, engine.runner.backend, states=engine.states)
+
+
+def test_a_sequence_swapped_before_it_ran_keeps_its_snapshot(hybrid):
+    """Admitted from a snapshot, then preempted by swapping before its first chunk ran: the snapshot stays held for
+    it (no new one may take its slot), so that it resumes from it; once it ends, the snapshot can go."""
+    from helios.scheduler import Sequence
+    model, tokenizer = hybrid
+    engine = Engine(model, tokenizer, frozenset(), EngineConfig(page_size=PAGE, max_batch_size=1), num_pages=16)
+    prompt = [(3 * j) % 250 + 1 for j in range(2 * PAGE + 3)]
+    handle = engine.submit(prompt, GREEDY)  # its block ends leave one snapshot (the one slot): after 2 blocks
+    while engine.step(): pass
+    handle.result()
+    states = engine.states
+    later = Sequence(99, "later", prompt + [5], 4, 0.0, PAGE)
+    assert states.usable_blocks(later, 2) == 2
+    later.swapped_pages = [0]           # as the scheduler leaves a sequence it swapped out
+    states.release(later, None)         # it never held a row
+    assert states.take_snapshot_slot() is None and later.block_hashes[1] in states.snapshots
+    later.swapped_pages = None          # it ended while swapped out
+    states.release(later, None)
+    assert states.take_snapshot_slot() is not None
