@@ -3,11 +3,11 @@
 
 test: test-nbs test-py
 
-# nbdev-test runs many notebooks in each of its two worker processes and their memory adds up; with the
-# default 2 GiB KV pool per engine a worker reached 13 GiB and was killed on a 24 GiB machine, so the
-# notebooks' engines get 512 MiB pools here (`make docs` runs each notebook in its own process, with defaults)
+# each notebook in a process of its own, two at a time (nbdev-test --n-workers 2 runs many notebooks in each of
+# two long-lived workers, whose memory adds up: one reached 14 GiB and was killed on a 24 GiB machine); the
+# notebooks' engines get 512 MiB pools (`make docs` also runs each notebook in its own process, with defaults)
 test-nbs:
-	HELIOS_KV_CACHE_BYTES=536870912 nbdev-test --n-workers 2 --timing
+	ls nbs/[!_.]*.ipynb | xargs -P 2 -n 1 env HELIOS_KV_CACHE_BYTES=536870912 nbdev-test
 
 # pytest exits 5 when it collects nothing; that is a failure of the suite here, so it stays non-zero.
 # The 30-minute soak is `make soak`'s (its 3-minute version stays in)
