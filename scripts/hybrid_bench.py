@@ -87,7 +87,7 @@ def decode_rate(eng: Engine, batch: int, tokens: int, vocab: int) -> float:
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     handles = [eng.submit([(31 * i + j) % vocab for j in range(16)], params) for i in range(batch)]
     while eng.step():
-        if all(eng.scheduler.running) and not any(s.is_prefilling for s in eng.scheduler.running): break
+        if eng.scheduler.running and not any(s.is_prefilling for s in eng.scheduler.running): break  # all decoding
     start, before = time.perf_counter(), eng.stats().num_generated_tokens
     while eng.step(): pass
     for h in handles: h.result()

@@ -4,7 +4,6 @@ weights to float32 rounding, and the float product to the activations' rounding;
 beside it; a GGUF model's linears hold the file's own bytes, each tensor in its own type; and its tokens stay near the
 dequantized float model's (a tiny mixed-type llama GGUF, and Gemma 3 270M's real Q4_K_M file, slow)."""
 import random
-from importlib.metadata import EntryPoint
 
 import numpy as np
 import pytest
@@ -103,21 +102,8 @@ def test_segments_of_several_types_are_one_linear():
     assert stacked(torch.randn(2, 3, 640)).shape == (2, 3, 128) and stacked(torch.randn(0, 640)).shape == (0, 128)
 
 
-@pytest.fixture
-def registered(monkeypatch):
-    "c-packed among the matmuls, whether or not the installed package metadata (pyproject.toml) lists it yet."
-    import helios.registry
-    real = helios.registry.entry_points
-    ours = EntryPoint("c-packed", "helios.kernels.matmul:C_PACKED_MATMUL", "helios.matmul")
-
-    def entry_points(group):
-        found = real(group=group)
-        return found if group != "helios.matmul" or "c-packed" in found.names else [*found, ours]
-    monkeypatch.setattr(helios.registry, "entry_points", entry_points)
-
-
 @needs_packed
-def test_it_is_opt_in_never_for_exact_weights_and_q8_0_for_other_checkpoints(registered):
+def test_it_is_opt_in_never_for_exact_weights_and_q8_0_for_other_checkpoints():
     from helios.kernels.matmul import Q8_0Linear, c_packed_matmul
     from helios.registry import Unavailable, choose
     cpu = torch.device("cpu")
@@ -170,7 +156,7 @@ def top_agreement(path: str, prompts, **packed_settings) -> tuple[int, list[floa
 
 
 @needs_packed
-def test_a_mixed_gguf_keeps_each_tensor_in_its_type_and_stays_near_the_float_model(registered, tmp_path):
+def test_a_mixed_gguf_keeps_each_tensor_in_its_type_and_stays_near_the_float_model(tmp_path):
     """Every linear holds the file's bytes in the file's type (the F16 one stays float32); 64 next tokens against the
     dequantized float32 model: at least 60 the same (61 measured, near ties of random weights), |Δ log p| at most
     0.05 (0.014 measured); greedy tokens batched are those alone."""
@@ -201,7 +187,7 @@ def test_a_mixed_gguf_keeps_each_tensor_in_its_type_and_stays_near_the_float_mod
 
 
 @needs_packed
-def test_a_file_of_one_type_runs_each_layer_as_one_c_call(registered, tmp_path):
+def test_a_file_of_one_type_runs_each_layer_as_one_c_call(tmp_path):
     "A Q4_1 file (as SmolLM2's): every linear a BlocksLinear on one kernel, so the decoder layer is still one C call."
     from helios.kernels.attention import CKernels
     path = mixed_gguf(tmp_path, dict.fromkeys(MIXED, "Q4_1") | {"token_embd": "Q8_0"}, f16=None)
@@ -219,7 +205,7 @@ def test_a_file_of_one_type_runs_each_layer_as_one_c_call(registered, tmp_path):
 
 @pytest.mark.slow
 @needs_packed
-def test_gemma3_270m_q4_k_m_stays_near_the_dequantized_model(registered):
+def test_gemma3_270m_q4_k_m_stays_near_the_dequantized_model():
     """Gemma 3 270M's real Q4_K_M file, 256 next tokens of real text (64-token windows) against the dequantized float32
     model: top-1 agreement of at least 85% (89.5% measured), |Δ log p| of the float model's top token at most 6 (3.1)
     and 0.25 on average (0.12): the tolerance appendix 92 states, from what scripts/bf16_accuracy.py measured. The

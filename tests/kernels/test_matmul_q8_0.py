@@ -2,7 +2,6 @@
 product of the per-block quantized activations and the Q8_0 blocks to float32 rounding, and the float product of the
 dequantized weights to the activations' rounding; a row's bits never depend on the rows beside it; the blocks are the
 file's bytes; the variant comes from the CPU's flags; and a tiny Q8_0 GGUF gives the dequantized float model's tokens."""
-from importlib.metadata import EntryPoint
 
 import numpy as np
 import pytest
@@ -138,20 +137,7 @@ def test_the_variant_comes_from_the_cpu_flags(monkeypatch):
         q8_variant(VNNI_FLAGS)
 
 
-@pytest.fixture
-def registered(monkeypatch):
-    "c-q8_0 among the matmuls, whether or not the installed package metadata (pyproject.toml) lists it yet."
-    import helios.registry
-    real = helios.registry.entry_points
-    ours = EntryPoint("c-q8_0", "helios.kernels.matmul:C_Q8_0_MATMUL", "helios.matmul")
-
-    def entry_points(group):
-        found = real(group=group)
-        return found if group != "helios.matmul" or "c-q8_0" in found.names else [*found, ours]
-    monkeypatch.setattr(helios.registry, "entry_points", entry_points)
-
-
-def test_it_is_opt_in_and_never_for_exact_weights(registered):
+def test_it_is_opt_in_and_never_for_exact_weights():
     from helios.registry import Unavailable, choose
     assert choose("matmul", device=CPU, exact=False).implementation.name != "c-q8_0"  # auto never takes it
     with pytest.raises(Unavailable, match="must stay as loaded"):
@@ -172,7 +158,7 @@ def q8_0_gguf(folder) -> str:
 
 
 @needs_q8
-def test_a_q8_0_gguf_stays_near_the_dequantized_model_and_batched_is_alone(registered, tmp_path):
+def test_a_q8_0_gguf_stays_near_the_dequantized_model_and_batched_is_alone(tmp_path):
     """Next-token log-probabilities on 64 prompts of a tiny Q8_0 GGUF against the dequantized float32 model: the same
     top token on at least 62 (64 measured) and |Δ log p| of the float model's top token at most 0.01 (0.0018 measured;
     the activations' rounding). The modules hold the file's own blocks, a layer is one C call, and greedy tokens
