@@ -51,7 +51,7 @@ __all__ = ['EAGER_RUNNER', 'COMPILE_MODE', 'ConstraintsFactory', 'DrafterFactory
            'TokenConstraint', 'TickMasks', 'TokenConstraints', 'allocate_token_masks', 'append_token', 'SubmitRequest',
            'CancelRequest', 'InspectCache', 'AbortRequests', 'StopEngine', 'weight_bytes', 'kv_budget_bytes',
            'kv_offload_budget_bytes', 'validate_prompt', 'validate_logit_bias', 'validate_priority', 'Engine',
-           'sequence_states', 'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
+           'budget_left_by', 'sequence_states', 'warm_up_batch_sizes', 'WarmUp', 'warm_up_forwards', 'cache_report']
 
 # %% ../nbs/11_engine.ipynb #740514fd
 class SequenceStates(ResumePoints, Protocol):
@@ -391,8 +391,11 @@ def _make_runner(self: Engine, make_runner: Callable[..., ModelRunner] | None, m
         choice = choose("runner", config.runner, model=self.model, kv=self.kv, max_rows=config.max_batch_size,
                         max_pages_per_seq=max_pages_per_seq, backend=backend, config=config, states=self.states)
         runner, passed_over = choice.value, choice.passed_over
-    else: runner, passed_over = make_runner(self.model, self.kv, config.max_batch_size, max_pages_per_seq, backend), ()
-    if self.states is not None and not (isinstance(runner, ModelRunner) and runner.states is self.states):
+    else:  # a model with states hands them to the runner
+        given = {} if self.states is None else dict(states=self.states)
+        runner, passed_over = make_runner(self.model, self.kv, config.max_batch_size, max_pages_per_seq, backend,
+                                          **given), ()
+    if self.states is not None and runner.states is not self.states:
         raise ValueError(f"the {type(runner).__name__} keeps no per-sequence state, which {cfg.architecture} "
                          f"models need; use runner='eager'")
     return runner, passed_over
@@ -411,6 +414,15 @@ def _plug_in(self: Engine, constraints: ConstraintsFactory | None, drafter_facto
 
 
 # %% ../nbs/11_engine.ipynb #c3eb4e0d
+def budget_left_by(states: SequenceStates | None, budget: int) -> int:
+    "The KV pages' budget once the states' bytes are taken out of it; a ValueError if they fill it."
+    if states is None: return budget
+    if states.nbytes >= budget:
+        raise ValueError(f"the {states.describe()} fill the KV budget of {budget / 2**20:,.1f} MiB; lower "
+                         f"max_batch_size or raise kv_cache_bytes")
+    return budget - states.nbytes
+
+
 def sequence_states(model: CausalLM, config: EngineConfig) -> SequenceStates | None:
     "What the model's family keeps per sequence beside the pages (chapter 04's `Family.sequence_states`), or None."
     cfg = model.config
@@ -432,11 +444,7 @@ def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, co
                              f"profile does not run; set kv_cache_bytes")
         memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
     budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
-    if states is not None and states.nbytes >= budget:
-        raise ValueError(f"the {states.describe()} fill the KV budget of {budget / 2**20:,.1f} MiB; lower "
-                         f"max_batch_size or raise kv_cache_bytes")
-    budget -= states.nbytes if states else 0
-    num_pages = num_pages_for_budget(model.config, budget, config.page_size, element)
+    num_pages = num_pages_for_budget(model.config, budget_left_by(states, budget), config.page_size, element)
     engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory,
                  constraints=constraints, drafter_factory=drafter_factory, states=states)
     engine.attention_passed_over = choice.passed_over

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['FAMILY_GROUP', 'GGUF_GROUP', 'Shapes', 'GGUFReading', 'AutoPrecision', 'Family', 'family_names', 'load_family', 'gguf_family']
+__all__ = ['FAMILY_GROUP', 'GGUF_GROUP', 'Shapes', 'GGUFReading', 'RankSplit', 'AutoPrecision', 'Family', 'family_names', 'load_family', 'gguf_family']
 
 # %% ../nbs/04_weights.ipynb #47559602
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+from .formats.hf import TensorPart
 from .model.qwen3 import LayerFactory
 
 FAMILY_GROUP = "helios.family"  # the entry-point group: model_type = "module:FAMILY"
@@ -33,6 +34,13 @@ class GGUFReading(NamedTuple):
                                # None: the table of the families above (`hf_tensor_name`)
     tensor_values: Callable[[str, np.ndarray], np.ndarray] | None = None  # (Hugging Face name, float32 values) ->
                                # the values a Hugging Face checkpoint holds there; None: as the file stores them
+
+
+class RankSplit(NamedTuple):
+    "A family's own parts of one tensor-parallel rank, beside the parts every decoder splits alike (heads, MLP, experts)."
+    fields: dict[str, object]       # the rank's config fields of the family's own (e.g. its count of its own heads)
+    rules: tuple[tuple[str, TensorPart], ...] = ()  # (pattern of a layer's tensor name, the part the rank reads),
+                                    # tried before the shared rules
 
 
 class AutoPrecision(NamedTuple):
@@ -55,6 +63,8 @@ class Family:
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
     replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
                                                               # tensor-parallel rank holds whole: the family's own parts
+    tensor_parallel: Callable[[ModelConfig, object], RankSplit] | None = None  # (cfg, the rank's shard of the shared
+                                                              # parts) -> its own parts; ValueError where a size does not divide
     checkpoint_name: Callable[[str], str | None] | None = None  # a file's tensor name -> the text model's Hugging
                                                               # Face name, or None: not read; None: names as they are
     sequence_states: Callable | None = None                   # (cfg, engine config, rows, dtype, device) -> what the

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 from ..attention.base import choose_backend
 from ..config import EngineConfig
-from ..engine import Engine
+from ..engine import Engine, sequence_states
 from ..kv.pool import KVPool, kv_dtype
 from ..llm import Launch, engine_plugins, eos_ids, paired_kv_pages
 from ..registry import Implementation, NotApplicable
@@ -87,12 +87,13 @@ def run_rank(store, layout: ParallelLayout, path: Path, dtype, device, config: E
     groups = connect(layout, store, backend_for(device), device)
     loaded = load_rank(path, dtype, device, config, layout, groups)
     config = paired_kv_pages(config, loaded)  # the pages its matmul pairs with, as rank 0's
-    num_pages = agree_num_pages(loaded, config, groups)
+    states = sequence_states(loaded.model, config)  # its own heads' states, as rank 0 decides (None for most models)
+    num_pages = agree_num_pages(loaded, config, groups, states)
     cfg = loaded.model.config
     element = kv_dtype(config, loaded.dtype)
     kv = KVPool(cfg, num_pages, config.page_size, element, loaded.device)
     backend = choose_backend(cfg, element, loaded.device, config.attention, dtype=loaded.dtype).value
-    serve_ticks(StageRunner(loaded.model, kv, backend, groups), groups.world)
+    serve_ticks(StageRunner(loaded.model, kv, backend, groups, states), groups.world)
 
 # %% ../../nbs/16_parallel.ipynb #567fcf6a
 @dataclass(frozen=True)
@@ -183,10 +184,12 @@ def multiprocess_launch(model, dtype, device, config: EngineConfig) -> Launch:
         groups = connect(layout, store, backend, device)
         loaded = load_rank(path, dtype, device, config, layout, groups)
         config = paired_kv_pages(config, loaded)  # kv_cache_dtype=auto: the pages the chosen matmul pairs with
-        num_pages = agree_num_pages(loaded, config, groups)
+        states = sequence_states(loaded.model, config)
+        num_pages = agree_num_pages(loaded, config, groups, states)
         tokenizer = load_tokenizer(loaded.path, loaded.gguf_reader)
         engine = Engine(loaded.model, tokenizer, frozenset(eos_ids(loaded, tokenizer)), config, num_pages,
-                        make_runner=partial(ParallelRunner, groups=groups, processes=processes), **engine_plugins(config))
+                        make_runner=partial(ParallelRunner, groups=groups, processes=processes), states=states,
+                        **engine_plugins(config))
     except BaseException:
         stop_processes(processes, wait_s=0.0)
         raise

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['TICK', 'STOP', 'HEADER', 'LOGITS_TAG', 'TickInputs', 'split_micro_batches', 'broadcast_tick', 'receive_tick', 'StageRunner', 'serve_ticks']
+__all__ = ['TICK', 'STOP', 'HEADER', 'LOGITS_TAG', 'SplitStates', 'TickInputs', 'split_micro_batches', 'broadcast_tick', 'receive_tick', 'StageRunner', 'serve_ticks']
 
 # %% ../../nbs/16_parallel.ipynb #e67ce4a0
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Protocol, runtime_checkable
 
 import torch
 from fastcore.basics import patch
@@ -17,14 +18,29 @@ from fastcore.basics import patch
 from ..attention.base import AttentionBackend, PagedKV, Timer
 from ..kv.batch import build_paged_batch, logit_indices
 from ..kv.pool import KVPool
+from ..model.attention import KVStore
 from ..model.qwen3 import CausalLM
+from ..scheduler import TickPlan
 from .groups import WAIT_FOREVER, Communicator, Groups
 
 TICK, STOP = 1, 0     # what rank 0's header announces
-HEADER = 5            # op, chunks, tokens, pages per table, micro-batches
+HEADER = 6            # op, chunks, tokens, pages per table, micro-batches, state ints
 LOGITS_TAG = 1 << 20  # send/recv tags: activations use the micro-batch index, logits this plus it
 
 # %% ../../nbs/16_parallel.ipynb #2d32d2ba
+@runtime_checkable
+class SplitStates(Protocol):
+    """Per-sequence states (chapter 11's `SequenceStates`) that every tensor-parallel rank keeps for its own heads:
+    rank 0 decides what each tick does with them, and every rank, rank 0 too, applies that to its own."""
+    def decide(self, plan: TickPlan, rows: list[int]) -> torch.Tensor:
+        "Rank 0: what this tick does with the states (rows[i]: chunk i's row), as int64 [S] that travel with the tick."
+        ...
+
+    def apply(self, kv: PagedKV, decided: torch.Tensor) -> KVStore:
+        "Any rank: the states made ready as decided; the store this tick's layers see."
+        ...
+
+
 @dataclass(frozen=True)
 class TickInputs:
     "What every rank needs of a tick: tokens, where they sit and which sample; nothing of requests or sampling."
@@ -34,24 +50,26 @@ class TickInputs:
     num_logits: list[int]      # [n] the chunk's last tokens whose logits rank 0 needs (0: it does not sample)
     page_tables: torch.Tensor  # [n, P] int64, each chunk's pages (padded with 0)
     micro_batches: list[range] # consecutive chunk ranges, run one after another through the stages
+    states: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [S] int64: what rank 0's `SplitStates` decided (S=0: none)
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
         "A header [HEADER] and one int64 payload: two broadcasts per tick."
         n, m = len(self.lengths), len(self.micro_batches)
         bounds = [0, *(r.stop for r in self.micro_batches)]
-        header = torch.tensor([TICK, n, len(self.token_ids), self.page_tables.shape[1], m])
+        header = torch.tensor([TICK, n, len(self.token_ids), self.page_tables.shape[1], m, len(self.states)])
         payload = torch.cat([torch.tensor(self.starts + self.lengths + self.num_logits + bounds),
-                             self.token_ids, self.page_tables.flatten()])
+                             self.token_ids, self.page_tables.flatten(), self.states])
         return header, payload
 
     @classmethod
     def unpack(cls, header: torch.Tensor, payload: torch.Tensor) -> TickInputs:
-        _, n, num_tokens, num_pages, m = header.tolist()
+        _, n, num_tokens, num_pages, m, num_states = header.tolist()
         small = payload[:3 * n + m + 1].tolist()
         bounds = small[3 * n:]
-        tables = payload[3 * n + m + 1 + num_tokens:].view(n, num_pages)
-        return cls(payload[3 * n + m + 1:3 * n + m + 1 + num_tokens], small[:n], small[n:2 * n],
-                   small[2 * n:3 * n], tables, [range(a, b) for a, b in zip(bounds, bounds[1:])])
+        first = 3 * n + m + 1 + num_tokens  # where the page tables begin
+        tables = payload[first:first + n * num_pages].view(n, num_pages)
+        return cls(payload[3 * n + m + 1:first], small[:n], small[n:2 * n], small[2 * n:3 * n], tables,
+                   [range(a, b) for a, b in zip(bounds, bounds[1:])], payload[first + n * num_pages:])
 
 
 def split_micro_batches(lengths: list[int], parts: int) -> list[range]:
@@ -69,7 +87,7 @@ def split_micro_batches(lengths: list[int], parts: int) -> list[range]:
 def broadcast_tick(world: Communicator, inputs: TickInputs | None):
     "Rank 0 sends the tick (None: stop) to every rank."
     if inputs is None:
-        world.broadcast(torch.tensor([STOP, 0, 0, 0, 0], device=world.device))
+        world.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), device=world.device))
         return
     header, payload = inputs.pack()
     world.broadcast(header.to(world.device))
@@ -80,8 +98,8 @@ def receive_tick(world: Communicator) -> TickInputs | None:
     "A worker waits, as long as the server idles, for rank 0's next tick (None: stop)."
     header = world.broadcast(torch.zeros(HEADER, dtype=torch.long, device=world.device), timeout=WAIT_FOREVER).cpu()
     if header[0] == STOP: return None
-    _, n, num_tokens, num_pages, m = header.tolist()
-    payload = world.broadcast(torch.zeros(3 * n + m + 1 + num_tokens + n * num_pages, dtype=torch.long,
+    _, n, num_tokens, num_pages, m, num_states = header.tolist()
+    payload = world.broadcast(torch.zeros(3 * n + m + 1 + num_tokens + n * num_pages + num_states, dtype=torch.long,
                                           device=world.device))
     return TickInputs.unpack(header, payload.cpu())
 
@@ -89,14 +107,16 @@ def receive_tick(world: Communicator) -> TickInputs | None:
 class StageRunner:
     """One rank's share of a tick: for each micro-batch, its stage's layers over the rank's heads, between a receive
     from the stage before and a send to the stage after (sends do not wait, so stages overlap micro-batches)."""
-    def __init__(self, model: CausalLM, kv: KVPool, backend: AttentionBackend, groups: Groups):
+    def __init__(self, model: CausalLM, kv: KVPool, backend: AttentionBackend, groups: Groups,
+                 states: SplitStates | None = None):
         self.model, self.kv, self.backend, self.groups = model, kv, backend, groups
+        self.states = states  # None: the model keeps nothing per sequence besides its pages
         self.layout = groups.layout
         layer = model.model.layers[0]
         self.device, self.dtype = layer.input_layernorm.weight.device, layer.input_layernorm.weight.dtype
         self.hidden_size, self.vocab_size = model.config.hidden_size, model.config.vocab_size
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, x: torch.Tensor | None, kv: PagedKV,
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, x: torch.Tensor | None, kv: KVStore,
                  rows: torch.Tensor | None) -> torch.Tensor | None:
         "The stage's layers: ids [N] or x [1, N, hidden] -> x for the next stage, or logits [R, vocab] (tp rank 0)."
         m, last_stage = self.model, self.layout.last_stage
@@ -129,7 +149,9 @@ def run(self: StageRunner, inputs: TickInputs, timer: Timer | None = None) -> to
             x = world.recv(torch.empty(1, offsets[b] - offsets[a], self.hidden_size, dtype=self.dtype,
                                        device=self.device), L.prev_rank, j)
         ids = inputs.token_ids[offsets[a]:offsets[b]].to(self.device)
-        y = self._forward(ids, batch.positions, x, PagedKV(self.kv, batch, self.backend, timer), rows)
+        kv = PagedKV(self.kv, batch, self.backend, timer)
+        if self.states is not None: kv = self.states.apply(kv, inputs.states)  # one stage, one micro-batch
+        y = self._forward(ids, batch.positions, x, kv, rows)
         if not L.last_stage: pending.append((world.send(y, L.next_rank, j), y))
         elif y is not None: outs.append((j, y))
     if L.rank != 0:  # the last stage's logits go back after its last micro-batch: with two stages, rank 0 sends

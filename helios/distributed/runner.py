@@ -18,12 +18,12 @@ from fastcore.basics import patch
 
 from ..attention.base import AttentionBackend, Timer
 from ..config import EngineConfig
-from ..engine import FatalEngineError, kv_budget_bytes
+from ..engine import FatalEngineError, SequenceStates, budget_left_by, kv_budget_bytes
 from ..kv.pool import KVPool, kv_dtype, num_pages_for_budget
 from ..scheduler import Sequence, TickPlan
 from ..weights import LoadedModel, load_model, read_tensors
 from .groups import Groups, ParallelLayout
-from .pipeline import StageRunner, TickInputs, broadcast_tick, split_micro_batches
+from .pipeline import SplitStates, StageRunner, TickInputs, broadcast_tick, split_micro_batches
 from .shard import build_shard_model, plan_shard, sum_partial_outputs, tensor_selector
 
 STOP_WAIT_S = 10.0                              # for workers to exit after rank 0 says stop
@@ -41,11 +41,12 @@ def load_rank(path: Path, dtype, device, config: EngineConfig, layout: ParallelL
     return loaded
 
 
-def agree_num_pages(loaded: LoadedModel, config: EngineConfig, groups: Groups) -> int:
-    "Pages every rank's pool has: the fewest any rank's budget allows (they share one page table)."
+def agree_num_pages(loaded: LoadedModel, config: EngineConfig, groups: Groups,
+                    states: SequenceStates | None = None) -> int:
+    "Pages every rank's pool has: the fewest any rank's budget, less its states, allows (they share one page table)."
     local = loaded.model.config
-    pages = num_pages_for_budget(local, kv_budget_bytes(config, loaded.device), config.page_size,
-                                 kv_dtype(config, loaded.dtype))
+    budget = budget_left_by(states, kv_budget_bytes(config, loaded.device))
+    pages = num_pages_for_budget(local, budget, config.page_size, kv_dtype(config, loaded.dtype))
     return int(groups.world.all_reduce(torch.tensor([pages], device=groups.world.device), dist.ReduceOp.MIN).item())
 
 # %% ../../nbs/16_parallel.ipynb #cee7a159
@@ -53,9 +54,13 @@ class ParallelRunner:
     """Rank 0's model runner: sends each tick's `TickInputs` to every rank, runs its own stage, and returns the
     logits. Any failure is fatal (`FatalEngineError`): after it the ranks no longer agree on what runs next."""
     def __init__(self, model, kv: KVPool, max_rows: int, max_pages_per_seq: int, backend: AttentionBackend, *,
-                 groups: Groups, processes=(), micro_batches: int | None = None):
-        self.stage = StageRunner(model, kv, backend, groups)
+                 groups: Groups, processes=(), micro_batches: int | None = None, states: SequenceStates | None = None):
+        if states is not None and not isinstance(states, SplitStates):
+            raise ValueError(f"{type(states).__name__} cannot be split across ranks; run this model with world size 1")
+        self.stage = StageRunner(model, kv, backend, groups, states)
         self.model, self.backend, self.device, self.groups = model, backend, self.stage.device, groups
+        self.states = states  # rank 0's, which decides for every rank
+        self._free_rows, self._row_of = list(range(max_rows - 1, -1, -1)), {}  # seq_id -> its row of the states
         self.processes = list(processes)
         self.micro_batches = micro_batches or groups.layout.pp
         self._closed, self._failed = threading.Event(), None
@@ -66,8 +71,14 @@ class ParallelRunner:
         tables = torch.zeros(len(chunks), width, dtype=torch.long)
         for i, c in enumerate(chunks): tables[i, :len(c.seq.page_table)] = torch.tensor(c.seq.page_table)
         lengths = [c.num_tokens for c in chunks]
+        decided = torch.zeros(0, dtype=torch.long)
+        if self.states is not None:  # a running sequence keeps its row until it leaves
+            for c in chunks:
+                if c.seq.seq_id not in self._row_of: self._row_of[c.seq.seq_id] = self._free_rows.pop()
+            decided = self.states.decide(plan, [self._row_of[c.seq.seq_id] for c in chunks])
         return TickInputs(torch.tensor([t for c in chunks for t in c.token_ids]), [c.start for c in chunks], lengths,
-                          [c.num_logits for c in chunks], tables, split_micro_batches(lengths, self.micro_batches))
+                          [c.num_logits for c in chunks], tables, split_micro_batches(lengths, self.micro_batches),
+                          decided)
 
     @torch.inference_mode()
     def run(self, plan: TickPlan, timer: Timer | None = None) -> torch.Tensor:
@@ -92,7 +103,10 @@ class ParallelRunner:
 # %% ../../nbs/16_parallel.ipynb #80b85172
 @patch
 def release(self: ParallelRunner, seq: Sequence):
-    "Page tables travel whole with each tick: nothing is kept per sequence."
+    "Page tables travel whole with each tick; a model with states frees the sequence's row of them."
+    row = self._row_of.pop(seq.seq_id, None)
+    if row is not None: self._free_rows.append(row)
+    if self.states is not None: self.states.release(seq, row)
 
 
 @patch

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['ALL', 'split_range', 'Shard', 'plan_shard', 'shard_config', 'tensor_selector', 'VocabParallelEmbedding', 'VocabParallelHead', 'LocalExperts', 'RowParallel', 'sum_partial_outputs', 'build_shard_model']
+__all__ = ['ALL', 'split_range', 'Shard', 'plan_shard', 'shard_config', 'row_part', 'column_part', 'tensor_selector', 'VocabParallelEmbedding', 'VocabParallelHead', 'LocalExperts', 'RowParallel', 'sum_partial_outputs', 'build_shard_model']
 
 # %% ../../nbs/16_parallel.ipynb #ff80e0c5
 import dataclasses
@@ -19,10 +19,10 @@ from torch import nn
 from ..config import ModelConfig
 from ..model.attention import rope_inv_freq
 from ..model.layers import SwiGLUMLP
-from ..model.mla import MLAModelConfig, mla_state_dict
-from ..model.moe import Experts, MoEModelConfig, Routing, grouped_matmul, stack_experts
+from ..model.mla import MLAModelConfig
+from ..model.moe import Experts, MoEModelConfig, Routing, grouped_matmul
 from ..model.qwen3 import CausalLM, stack_projections
-from ..families import load_family
+from ..families import RankSplit, load_family
 from ..weights import layer_factory
 from .groups import Communicator, ParallelLayout
 
@@ -48,6 +48,8 @@ class Shard:
     first_stage: bool
     last_stage: bool
     tp_rank: int
+    tp_size: int
+    own: RankSplit | None = None  # the family's own parts (chapter 04's `Family.tensor_parallel`); None: it has none
 
 
 def plan_shard(cfg: ModelConfig, layout: ParallelLayout) -> Shard:
@@ -65,12 +67,14 @@ def plan_shard(cfg: ModelConfig, layout: ParallelLayout) -> Shard:
     if moe is not None and moe.num_experts < tp:
         raise ValueError(f"tensor_parallel_size={tp} is more than the {moe.num_experts} experts")
     rows = -(-cfg.vocab_size // tp)
-    return Shard(layers=split_range(cfg.num_layers, layout.pp, layout.stage), heads=split_range(cfg.num_heads, tp, r),
+    shard = Shard(layers=split_range(cfg.num_layers, layout.pp, layout.stage), heads=split_range(cfg.num_heads, tp, r),
                  kv_heads=kv_heads, mlp=split_range(cfg.intermediate_size, tp, r),
                  shared_mlp=split_range(moe.expert_intermediate_size * moe.num_shared_experts, tp, r) if moe else range(0),
                  experts=split_range(moe.num_experts, tp, r) if moe else range(0),
                  vocab=range(r * rows, min(cfg.vocab_size, (r + 1) * rows)), vocab_rows=rows,
-                 first_stage=layout.first_stage, last_stage=layout.last_stage, tp_rank=r)
+                 first_stage=layout.first_stage, last_stage=layout.last_stage, tp_rank=r, tp_size=tp)
+    split = load_family(cfg.architecture).tensor_parallel
+    return shard if split is None else dataclasses.replace(shard, own=split(cfg, shard))
 
 
 def shard_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
@@ -82,11 +86,22 @@ def shard_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
             i - shard.layers.start for i in cfg.moe.sparse_layers if i in shard.layers))
     # MLA: one latent per token, every head reads it
     kv_heads = len(shard.heads) if isinstance(cfg, MLAModelConfig) else len(shard.kv_heads)
+    own = shard.own.fields if shard.own else {}
     return dataclasses.replace(cfg, num_layers=len(shard.layers), num_heads=len(shard.heads), num_kv_heads=kv_heads,
-                               intermediate_size=len(shard.mlp), **experts)
+                               intermediate_size=len(shard.mlp), **experts, **own)
 
 # %% ../../nbs/16_parallel.ipynb #e237da19
 ALL = (slice(None),)
+
+
+def row_part(r: range, per: int = 1, first: int = 0) -> tuple[slice]:
+    "Rows of items r, `per` rows each, in a tensor whose rows for these items begin at row `first`."
+    return (slice(first + r.start * per, first + r.stop * per),)
+
+
+def column_part(r: range, per: int = 1) -> tuple[slice, slice]:
+    "Columns of items r, `per` columns each."
+    return (slice(None), slice(r.start * per, r.stop * per))
 
 
 def tensor_selector(cfg: ModelConfig, shard: Shard):
@@ -95,9 +110,9 @@ def tensor_selector(cfg: ModelConfig, shard: Shard):
     m, hd = cfg.mla if isinstance(cfg, MLAModelConfig) else None, cfg.head_dim
     q_rows = m.qk_head_dim if m else hd                         # rows of one query head in q_proj / q_b_proj
     o_cols = m.v_head_dim if m else hd                          # columns of one head in o_proj
-    rows = lambda r, per=1: (slice(r.start * per, r.stop * per),)
-    cols = lambda r, per=1: (slice(None), slice(r.start * per, r.stop * per))
-    rules = [(r"self_attn\.(q_proj|q_b_proj)\.(weight|bias)", rows(shard.heads, q_rows)),
+    rows, cols = row_part, column_part
+    rules = [*(shard.own.rules if shard.own else ()),  # the family's own parts first
+             (r"self_attn\.(q_proj|q_b_proj)\.(weight|bias)", rows(shard.heads, q_rows)),
              (r"self_attn\.(k_proj|v_proj)\.(weight|bias)", rows(shard.kv_heads, hd)),
              (r"self_attn\.kv_b_proj\.weight", rows(shard.heads, m.qk_nope_head_dim + m.v_head_dim) if m else None),
              (r"self_attn\.o_proj\.weight", cols(shard.heads, o_cols)),
@@ -221,10 +236,12 @@ def build_shard_model(cfg: ModelConfig, shard: Shard, tensors: dict[str, torch.T
     stage), and only its own experts. `sum_partial_outputs` then adds the all-reduces."""
     local = shard_config(cfg, shard)
     tensors = _renumbered(tensors, shard, cfg)
-    if isinstance(local, MLAModelConfig): tensors = mla_state_dict(local, tensors)
-    if isinstance(local, MoEModelConfig) and local.moe is not None:  # only this rank's experts are stacked
-        tensors = stack_experts(dataclasses.replace(local, moe=dataclasses.replace(local.moe, num_experts=len(shard.experts))),
-                                tensors)
+    adapt = load_family(cfg.architecture).adapt_state_dict  # as chapter 04 builds a whole model
+    if adapt is not None:
+        experts = {}  # only this rank's experts are stacked
+        if isinstance(local, MoEModelConfig) and local.moe is not None:
+            experts["moe"] = dataclasses.replace(local.moe, num_experts=len(shard.experts))
+        tensors = adapt(dataclasses.replace(local, **experts), tensors)
     tensors = stack_projections(tensors)
     hidden = cfg.hidden_size
     with torch.device("meta"):

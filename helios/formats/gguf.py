@@ -343,7 +343,7 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
         if reading.rope_permuted and t.name.split(".")[-2] in ("attn_q", "attn_k"):
             w = unpermute_rope(w, cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads)
         if reading.tensor_values is not None: w = reading.tensor_values(name, w)
-        if index is not None: w = w[index]
+        if index is not None: w = np.concatenate([w[i] for i in index]) if isinstance(index, list) else w[index]
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
         tensors[name] = torch.from_numpy(w).to(device, torch.float32 if name.endswith(keep_float32) else dtype)
     for gate in [name for name in tensors if name.endswith(".experts.gate_exps")]:  # [E, I, H] twice -> [E, 2I, H]

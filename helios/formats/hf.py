@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['HUB_PATTERNS', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'open_safetensors', 'safetensors_shapes', 'load_safetensors']
+__all__ = ['HUB_PATTERNS', 'TensorPart', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'open_safetensors', 'safetensors_shapes', 'load_safetensors']
 
 # %% ../../nbs/04_weights.ipynb #77b66eea
 import contextlib
@@ -88,7 +88,8 @@ def safetensors_shapes(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return shapes
 
 
-TensorSelector = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]  # (name, shape) -> the part to read, or None: skip it
+TensorPart = "tuple[slice, ...] | list[tuple[slice, ...]]"  # an index, or a list of them: those parts, stacked along dim 0
+TensorSelector = Callable[[str, tuple[int, ...]], "TensorPart | None"]  # (name, shape) -> the part to read, or None: skip it
 
 # %% ../../nbs/04_weights.ipynb #0314bb97
 def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, keep_float32: tuple[str, ...] = (),
@@ -111,7 +112,8 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, kee
                         part = f.get_slice(stored)
                         index = select(name, tuple(part.get_shape()))
                         if index is None: continue
-                        tensor = part[index]  # only these rows or columns are read from the file
+                        # only these rows or columns are read from the file
+                        tensor = torch.cat([part[i] for i in index]) if isinstance(index, list) else part[index]
                     tensors[name] = tensor.to(device=device, dtype=kept)
                     bar.update()
     return tensors

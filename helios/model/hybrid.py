@@ -18,7 +18,8 @@ from torch import nn
 
 from ..attention.base import PagedKV
 from ..config import EngineConfig, KVLayout
-from ..families import Family, Shapes
+from ..families import Family, RankSplit, Shapes
+from ..distributed.shard import ALL, Shard, column_part, row_part, split_range
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
 from .moe import MoEConfig, MoEModelConfig, SparseMoE, stack_experts
@@ -28,12 +29,13 @@ from ..scheduler import Sequence, TickPlan
 
 # %% auto #0
 __all__ = ['DELTA_CHUNK_SIZE', 'HYBRID_ARCHITECTURES', 'LAYER_TYPES', 'RECURRENT_STATE_BYTES', 'Mix', 'ZERO_CENTRED_NORMS',
-           'DROPPED_PREFIXES', 'SNAPSHOTS_PER_ROW', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE', 'QWEN3_5_MOE_TEXT',
-           'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked', 'causal_conv', 'HybridConfig',
-           'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore', 'GatedRMSNorm', 'GatedDeltaNet',
-           'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer', 'checkpoint_name', 'adapt_state_dict',
-           'HybridCache', 'prefill_chunk', 'generate_hybrid', 'StatePool', 'Run', 'PagedHybridKV', 'hybrid_states',
-           'hybrid_attention_shapes', 'hybrid_family']
+           'DROPPED_PREFIXES', 'ZEROS', 'FROM_HOST', 'SNAPSHOTS_PER_ROW', 'QWEN3_5', 'QWEN3_5_TEXT', 'QWEN3_5_MOE',
+           'QWEN3_5_MOE_TEXT', 'l2_normalize', 'delta_rule_step', 'delta_rule_by_step', 'delta_rule_chunked',
+           'causal_conv', 'HybridConfig', 'config_from_hf', 'tiny_qwen3_5', 'LinearState', 'LinearStateStore',
+           'GatedRMSNorm', 'GatedDeltaNet', 'partial_rope', 'GatedAttention', 'SharedExpertMoE', 'hybrid_layer',
+           'checkpoint_name', 'adapt_state_dict', 'HybridCache', 'prefill_chunk', 'generate_hybrid', 'StatePool', 'Run',
+           'PagedHybridKV', 'StatePlan', 'hybrid_states', 'hybrid_attention_shapes', 'hybrid_tensor_parallel',
+           'hybrid_family']
 
 # %% ../../nbs/20_hybrid.ipynb #20a006
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -300,7 +302,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))    # log of each head's decay rate
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(value_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(value_size, cfg.hidden_size, bias=False)  # as every mixer names its output
 
     def zero_state(self, batch_size: int, like: torch.Tensor) -> LinearState:
         "The state of B sequences before their first token."
@@ -340,7 +342,7 @@ def forward(self: GatedDeltaNet, x: torch.Tensor, cos: torch.Tensor, sin: torch.
     if kv is None: out, _ = self.mix(qkv, beta, g, self.zero_state(B, x))
     else: out = kv.scan(self.layer_idx, self.mix, qkv, beta, g)
     out = self.norm(out.to(x.dtype), self.in_proj_z(x).view(B, T, self.num_v_heads, self.v_dim))
-    return self.out_proj(out.reshape(B, T, -1))
+    return self.o_proj(out.reshape(B, T, -1))
 
 # %% ../../nbs/20_hybrid.ipynb #20a020
 def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -409,7 +411,7 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
     out = {}
     for name, tensor in state_dict.items():
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
-        out[name.replace(".linear_attn.", ".self_attn.")] = tensor
+        out[name.replace(".linear_attn.out_proj.", ".self_attn.o_proj.").replace(".linear_attn.", ".self_attn.")] = tensor
     return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
 
 # %% ../../nbs/20_hybrid.ipynb #20a027
@@ -516,6 +518,7 @@ class StatePool:
         self.chosen: dict[int, bytes] = {}     # seq_id -> the snapshot its admission chose, kept until it starts
         self.pending: list[tuple[bytes, int]] = []  # (block hash, slot): snapshots this tick's forward is filling
         self.swapped: dict[int, tuple[int, LinearState]] = {}  # seq_id -> (tokens, state on the host): swapped out
+        self.from_host: dict[int, LinearState] = {}  # row -> the swapped state it takes back when the tick applies
         self.num_restored = 0                  # sequences that started from a snapshot
 
     @property
@@ -558,25 +561,27 @@ def take_snapshot_slot(self: StatePool) -> int | None:
     return None
 
 
+ZEROS, FROM_HOST = -1, -2  # where a row's state comes from, besides a snapshot slot
+
+
 @patch
-def start(self: StatePool, row: int, seq: Sequence, start: int):
-    "Make row hold seq's state after its first `start` tokens: it does already, or zeros, or its swapped or snapshot state."
-    if self.row_tokens.get(row) == start: return
+def start(self: StatePool, row: int, seq: Sequence, start: int) -> int | None:
+    """Where row gets seq's state after its first `start` tokens: None (it holds it already), ZEROS, FROM_HOST (the
+    state a swap left there) or the slot of a snapshot."""
+    if self.row_tokens.get(row) == start: return None
     swapped = self.swapped.pop(seq.seq_id, None)
-    if start == 0:
-        self.conv[:, row].zero_()
-        self.recurrent[:, row].zero_()
+    if start == 0: source = ZEROS
     elif swapped is not None and swapped[0] == start:
-        self.conv[:, row].copy_(swapped[1].conv)
-        self.recurrent[:, row].copy_(swapped[1].recurrent)
+        self.from_host[row], source = swapped[1], FROM_HOST
     else:
         h = seq.block_hashes[start // self.page_size - 1] if start % self.page_size == 0 else None
         if h not in self.snapshots:
             raise RuntimeError(f"sequence {seq.seq_id} starts at token {start}, where no state of it is kept")
-        self.copy_slot(self.snapshots[h], row)
+        source = self.snapshots[h]
         self.num_restored += 1
     self.chosen.pop(seq.seq_id, None)
     self.row_tokens[row] = start
+    return source
 
 # %% ../../nbs/20_hybrid.ipynb #20b006
 class Run(NamedTuple):
@@ -642,14 +647,37 @@ def scan(self: PagedHybridKV, layer_idx: int, mix: Mix, qkv: torch.Tensor, beta:
     return out
 
 # %% ../../nbs/20_hybrid.ipynb #20b00a
+class StatePlan(NamedTuple):
+    "What one tick does with the states: rows filled before the forward, and each chunk's run through the linear layers."
+    restores: list[tuple[int, int]]    # (row, where from: ZEROS, FROM_HOST or a snapshot slot)
+    runs: list[Run]
+
+    def pack(self) -> torch.Tensor:
+        "[S] int64: the restores' count and pairs, then the runs' count and each run with its cuts."
+        ints = [len(self.restores), *(i for pair in self.restores for i in pair), len(self.runs)]
+        for run in self.runs:
+            ints += [run.row, run.first, run.num_tokens, len(run.cuts), *(i for cut in run.cuts.items() for i in cut)]
+        return torch.tensor(ints, dtype=torch.long)
+
+    @classmethod
+    def unpack(cls, packed: torch.Tensor) -> StatePlan:
+        ints = iter(packed.tolist())
+        restores = [(next(ints), next(ints)) for _ in range(next(ints))]
+        runs = []
+        for _ in range(next(ints)):
+            row, first, num_tokens, num_cuts = (next(ints) for _ in range(4))
+            runs.append(Run(row, first, num_tokens, {next(ints): next(ints) for _ in range(num_cuts)}))
+        return cls(restores, runs)
+
+# %% ../../nbs/20_hybrid.ipynb #81e351cf
 @patch
-def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> PagedHybridKV:
-    "This tick's store: every chunk's row made ready, and a snapshot slot at each prompt block end a chunk passes."
+def decide(self: StatePool, plan: TickPlan, rows: list[int]) -> torch.Tensor:
+    "This tick's `StatePlan`, packed: each chunk's row made ready, and a snapshot slot at each prompt block end it passes."
     self.free_slots += [slot for _, slot in self.pending]  # a forward that failed before its last linear layer
     self.pending = []
-    for chunk, row in zip(plan.chunks, rows): self.start(row, chunk.seq, chunk.start)  # before any slot is taken
-    runs, size = [], self.page_size
-    for chunk, row, first in zip(plan.chunks, rows, kv.batch.query_starts):
+    starts = [(row, self.start(row, chunk.seq, chunk.start)) for chunk, row in zip(plan.chunks, rows)]
+    runs, size, first = [], self.page_size, 0
+    for chunk, row in zip(plan.chunks, rows):
         end, hashes, cuts = chunk.start + chunk.num_tokens, chunk.seq.block_hashes, {}
         first_end, last_end = (chunk.start // size + 1) * size, min(end, len(hashes) * size)
         for block_end in range(last_end, first_end - 1, -size):  # the deepest first: with few slots, it wins
@@ -662,8 +690,31 @@ def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> Paged
             cuts[block_end - chunk.start] = slot
             self.pending.append((h, slot))
         runs.append(Run(row, first, chunk.num_tokens, cuts))
-        self.row_tokens[row] = end  # what the forward leaves there
-    return PagedHybridKV(self, kv, runs)
+        first += chunk.num_tokens              # chunks are packed in plan order
+        self.row_tokens[row] = end             # what the forward leaves there
+    return StatePlan([(row, source) for row, source in starts if source is not None], runs).pack()
+
+
+@patch
+def apply(self: StatePool, kv: PagedKV, decided: torch.Tensor) -> PagedHybridKV:
+    "The rows filled as `decided` says (on any rank, for its heads), and this tick's store."
+    plan = StatePlan.unpack(decided)
+    for row, source in plan.restores:
+        if source == ZEROS:
+            self.conv[:, row].zero_()
+            self.recurrent[:, row].zero_()
+        elif source == FROM_HOST:
+            state = self.from_host.pop(row)
+            self.conv[:, row].copy_(state.conv)
+            self.recurrent[:, row].copy_(state.recurrent)
+        else: self.copy_slot(source, row)
+    return PagedHybridKV(self, kv, plan.runs)
+
+
+@patch
+def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> PagedHybridKV:
+    "Chapter 11's `SequenceStates.bind`: decide, then apply."
+    return self.apply(kv, self.decide(plan, rows))
 
 
 @patch
@@ -693,6 +744,7 @@ def check_invariants(self: StatePool, running: list[Sequence]):
     assert slots == list(range(self.num_rows, self.num_rows + self.num_snapshot_slots)), "a snapshot slot leaked"
     assert len(self.row_tokens) <= len(running) and all(0 <= r < self.num_rows for r in self.row_tokens)
     assert not {s.seq_id for s in running if not s.is_prefilling} & set(self.chosen)
+    assert not self.from_host, "a swapped state was not taken back"
 
 # %% ../../nbs/20_hybrid.ipynb #20b00d
 SNAPSHOTS_PER_ROW = 1  # prefix snapshots kept per runner row: the state pool is twice the rows' states
@@ -704,8 +756,6 @@ def hybrid_states(cfg: HybridConfig, config: EngineConfig, rows: int, dtype: tor
     if config.speculative != "off":
         raise ValueError("speculative decoding cannot run a linear-attention model: a rejected draft token would have "
                          "to be taken back out of the recurrent state; use speculative='off'")
-    if config.world_size > 1:
-        raise ValueError("linear-attention layers are not split across ranks; run a hybrid model with world size 1")
     snapshots = rows * SNAPSHOTS_PER_ROW if config.enable_prefix_caching else 0
     return StatePool(cfg, rows, snapshots, config.page_size, dtype, device)
 
@@ -719,10 +769,42 @@ def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
                 (layer + "self_attn.q_norm.weight", (d,)), (layer + "self_attn.k_norm.weight", (d,))]
 
 
+def hybrid_tensor_parallel(cfg: HybridConfig, shard: Shard) -> RankSplit:
+    """A rank's part of the hybrid's own layers (chapter 16's `Family.tensor_parallel`): in each Gated DeltaNet layer its
+    key heads and the value heads they serve, with their conv channels; its full-attention heads, q with its gate;
+    its columns of the shared expert."""
+    tp, r = shard.tp_size, shard.tp_rank
+    if not (shard.first_stage and shard.last_stage):
+        raise ValueError("a hybrid model's states split across tensor-parallel ranks, not pipeline stages; "
+                         "use pipeline_parallel_size=1")
+    if cfg.linear_num_key_heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide the {cfg.linear_num_key_heads} linear-attention key heads")
+    keys = split_range(cfg.linear_num_key_heads, tp, r)
+    per_key = cfg.linear_num_value_heads // cfg.linear_num_key_heads
+    values = range(keys.start * per_key, keys.stop * per_key)
+    dk, dv, d = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.attention_head_dim
+    key_size = cfg.linear_num_key_heads * dk
+    qkv = [row_part(keys, dk), row_part(keys, dk, key_size), row_part(values, dv, 2 * key_size)]  # of q, of k, of v
+    shared = split_range(cfg.shared_expert_intermediate_size, tp, r)
+    rules = ((r"linear_attn\.(in_proj_qkv|conv1d)\.weight", qkv),
+             (r"linear_attn\.in_proj_z\.weight", row_part(values, dv)),
+             (r"linear_attn\.(in_proj_a\.weight|in_proj_b\.weight|A_log|dt_bias)", row_part(values)),
+             (r"linear_attn\.out_proj\.weight", column_part(values, dv)),
+             (r"linear_attn\.norm\.weight", ALL),                          # one head's width, the same for all
+             (r"self_attn\.q_proj\.(weight|bias)", row_part(shard.heads, 2 * d)),  # each head's q, then its gate
+             (r"self_attn\.(k_proj|v_proj)\.(weight|bias)", row_part(shard.kv_heads, d)),
+             (r"self_attn\.o_proj\.weight", column_part(shard.heads, d)),
+             (r"mlp\.shared_expert\.(gate_proj|up_proj)\.weight", row_part(shared)),
+             (r"mlp\.shared_expert\.down_proj\.weight", column_part(shared)),
+             (r"mlp\.shared_expert_gate\.weight", ALL))                     # one gate per token, on every rank
+    return RankSplit(dict(linear_num_key_heads=len(keys), linear_num_value_heads=len(values),
+                          shared_expert_intermediate_size=len(shared)), rules)
+
+
 def hybrid_family(model_type: str) -> Family:
     "The family of one of Qwen3.5's model_types: all four read and build alike."
     return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
-                  checkpoint_name=checkpoint_name, sequence_states=hybrid_states)
+                  checkpoint_name=checkpoint_name, sequence_states=hybrid_states, tensor_parallel=hybrid_tensor_parallel)
 
 
 QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")

@@ -11,7 +11,8 @@ VOCAB = 49153  # SmolLM2's tokenizer plus one: a vocabulary no world size divide
 
 # name -> (checkpoint writer, layouts (tp, pp) to check); together they cover: KV heads fewer than ranks (llama: 1),
 # layers the stages do not divide (llama and qwen3_moe: 3 layers), experts split across ranks (qwen3_moe, deepseek_v3),
-# DSA's indexer held whole by every rank while its heads split (deepseek_v32: each query keeps 6 of up to 130 tokens)
+# DSA's indexer held whole by every rank while its heads split (deepseek_v32: each query keeps 6 of up to 130 tokens),
+# Gemma 3's sliding windows and norms stored as w (its family's tensors adapted on every rank as in one process)
 MODELS = {
     "qwen3": (lambda folder: save_tiny("qwen3_untied", folder, vocab_size=VOCAB), [(2, 1), (1, 2), (2, 2)]),
     "llama": (lambda folder: save_tiny("llama", folder, vocab_size=VOCAB, num_key_value_heads=1, num_hidden_layers=3),
@@ -19,6 +20,7 @@ MODELS = {
     "qwen3_moe": (lambda folder: save_family("qwen3_moe", folder, vocab_size=VOCAB), [(2, 1), (1, 2), (2, 2)]),
     "deepseek_v3": (lambda folder: save_family("deepseek_v3", folder, vocab_size=VOCAB), [(2, 1)]),
     "deepseek_v32": (lambda folder: save_family("deepseek_v32", folder, vocab_size=VOCAB), [(2, 1)]),  # indexer whole
+    "gemma3_text": (lambda folder: save_family("gemma3_text", folder, vocab_size=VOCAB), [(2, 1), (1, 2)]),
 }
 
 
