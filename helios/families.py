@@ -50,6 +50,7 @@ class AutoPrecision(NamedTuple):
     reason: str                             # why, as the start-up line says it
 
 
+# %% ../nbs/04_weights.ipynb #aac07a8b
 @dataclass(frozen=True)
 class Family:
     "A model family, declared once in its own chapter and registered under its Hugging Face `model_type`."

@@ -72,6 +72,7 @@ class TickInputs:
                    [range(a, b) for a, b in zip(bounds, bounds[1:])], payload[first + n * num_pages:])
 
 
+# %% ../../nbs/16_parallel.ipynb #64425897
 def split_micro_batches(lengths: list[int], parts: int) -> list[range]:
     "At most `parts` consecutive runs of chunks with about the same number of tokens each (none empty)."
     parts = max(1, min(parts, len(lengths)))

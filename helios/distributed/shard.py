@@ -77,6 +77,7 @@ def plan_shard(cfg: ModelConfig, layout: ParallelLayout) -> Shard:
     return shard if split is None else dataclasses.replace(shard, own=split(cfg, shard))
 
 
+# %% ../../nbs/16_parallel.ipynb #114a5130
 def shard_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
     """The config of the model one rank runs: its layers (numbered from 0), its heads and MLP columns. The vocabulary
     and the expert count stay whole (prompts are checked against the vocabulary; the router scores every expert)."""
@@ -145,6 +146,7 @@ def tensor_selector(cfg: ModelConfig, shard: Shard):
     return select
 
 
+# %% ../../nbs/16_parallel.ipynb #837eadfb
 def _renumbered(tensors: dict[str, torch.Tensor], shard: Shard, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     "A rank's tensors in its own model's names: layers and experts counted from 0, vocabulary rows padded."
     out = {}

@@ -770,7 +770,7 @@ def hybrid_attention_shapes(cfg: HybridConfig, layer: str) -> Shapes:
 
 
 def hybrid_tensor_parallel(cfg: HybridConfig, shard: Shard) -> RankSplit:
-    """A rank's part of the hybrid's own layers (chapter 16's `Family.tensor_parallel`): in each Gated DeltaNet layer its
+    """A rank's part of the hybrid's own layers (chapter 04's `Family.tensor_parallel`, which chapter 16 asks): in each Gated DeltaNet layer its
     key heads and the value heads they serve, with their conv channels; its full-attention heads, q with its gate;
     its columns of the shared expert."""
     tp, r = shard.tp_size, shard.tp_rank
