@@ -105,9 +105,11 @@ enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
 /* Q4_K and Q5_K (Q4_K's layout with a fifth bit per code, 32 bytes of them between the scales and the low 4 bits):
    rows [0, R) of xq times one weight row w of nb super-blocks, into y[r * ldy]. Per super-block: the 8 sub-block scales
    and mins unpacked and the codes (0..15, or 0..31 with the fifth bits) split into 8 groups of 32 once; then, per row,
-   isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin). */
-static inline void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb,
-                              int R, float *y, int64_t ldy, enum k_min_kind kind) {
+   isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin).
+   Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one). */
+static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd,
+                                                              const int16_t *xs, int64_t nb, int R, float *y,
+                                                              int64_t ldy, enum k_min_kind kind) {
     const int five = kind == Q5_K_KIND;
     float acc[ROWS] = {0};
     for (int64_t b = 0; b < nb; b++) {
