@@ -1,14 +1,15 @@
-"""One decode-shaped product with Q8_0, Q4_K, Q6_K and Q5_0 blocks against the bfloat16 and float32 matmuls (appendix 92).
+"""One decode-shaped product with Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 blocks against the bfloat16 and float32 matmuls (appendix 92).
 
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py            # prints a markdown table
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py --out benchmarks/results/q8_0/xeon-amx.md
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py --gemma --out benchmarks/results/packed/xeon-amx.md
+    flock /tmp/helios-cpu.lock python scripts/q8_bench.py --shapes 2048x2048,2048x6144   # Qwen3-1.7B's o and down
 
 Shapes (outputs x inputs): 6144 x 2048 (a Qwen3-1.7B gate/up product) and 1536 x 576 (SmolLM2's); rows: 1 and 16 (a
-decode tick alone and batched); with --gemma, 6144 x 2048 and Gemma 3 270M's MLP products 2048 x 640 and 640 x 2048.
-Contenders: `Q8_0Linear` in every variant this CPU runs, `PackedLinear` on random Q4_K, Q6_K and Q5_0 blocks (the types
-whose block fits the inputs) in every variant, `CBf16Linear` in every bfloat16
-variant it runs, the float16-weight `CHalfLinear`, and float32 (`torch.nn.functional.linear`, oneDNN). Each time is the
+decode tick alone and batched); with --gemma, 6144 x 2048 and Gemma 3 270M's MLP products 2048 x 640 and 640 x 2048;
+--shapes names others. Contenders: `Q8_0Linear` in every variant this CPU runs, `PackedLinear` on random Q4_K, Q5_K,
+Q6_K and Q5_0 blocks (the types whose block fits the inputs) in every variant, `CBf16Linear` in every bfloat16 variant
+it runs, the float16-weight `CHalfLinear`, and float32 (`torch.nn.functional.linear`, oneDNN). Each time is the
 median of REPEATS calls after a warm-up; the contenders take turns over ROUNDS rounds (interleaved, so that a change
 of load hits them all), and the table shows the best round's median (the least disturbed by other work on the machine), the
 range of the rounds' medians, and the read rate of the weight's bytes at the best. The CPU (lscpu's model
@@ -59,7 +60,7 @@ def random_blocks(kind: str, n: int, k: int) -> torch.Tensor:
     size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     b = torch.randint(0, 256, (n, k // size, nbytes), dtype=torch.uint8)
     small = torch.full((n, k // size, 1), 0.001, dtype=torch.float16).view(torch.uint8)
-    for start in {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,)}[kind]: b[..., start:start + 2] = small
+    for start in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,)}[kind]: b[..., start:start + 2] = small
     return b.reshape(n, -1)
 
 
@@ -73,7 +74,7 @@ def contenders(weight: torch.Tensor) -> dict[str, tuple[object, int]]:
         linear = Q8_0Linear(weight, None, matmul_q8_0_kernel(variant=variant))
         found[f"Q8_0 packed, {linear.matmul.isa}"] = linear, linear.packed.numel()
         kernels = matmul_kquants_kernels(variant=variant)
-        for kind, size in (("Q4_K", 256), ("Q6_K", 256), ("Q5_0", 32)):
+        for kind, size in (("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("Q5_0", 32)):
             if weight.shape[1] % size: continue
             linear = PackedLinear([(kind, random_blocks(kind, *weight.shape))], weight.shape[1], None, kernels)
             found[f"{kind} packed, {kernels[kind].isa}"] = linear, linear.blocks0.numel()
@@ -94,11 +95,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the table to this markdown file")
     parser.add_argument("--gemma", action="store_true", help="Gemma 3 270M's MLP shapes beside 6144 x 2048")
+    parser.add_argument("--shapes", help="products to time instead, as OUTxIN,OUTxIN (e.g. 2048x2048,2048x6144)")
     args = parser.parse_args()
+    shapes = GEMMA_SHAPES if args.gemma else SHAPES
+    if args.shapes: shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     torch.manual_seed(0)
     lines = [f"CPU: {cpu_line()}", "", "| product (out x in) | rows | matmul | weight MB | ms (best round) | "
              "ms (range) | GB/s of weights |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for n_out, n_in in GEMMA_SHAPES if args.gemma else SHAPES:
+    for n_out, n_in in shapes:
         weight = torch.randn(n_out, n_in) * 0.05
         found = contenders(weight)
         inputs = {rows: torch.randn(rows, n_in) for rows in ROWS}

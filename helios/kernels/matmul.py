@@ -180,13 +180,13 @@ def c_q8_0_matmul(device: torch.device, exact: bool) -> LinearFactory:
 C_Q8_0_MATMUL = Implementation("matmul", "c-q8_0", c_q8_0_matmul, None, "C, Q8_0 blocks")
 
 # %% ../../nbs/92_kernels.ipynb #14697d50
-MATMUL_KQUANT_SOURCES = ("matmul_kquants.c",)  # the Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls, a library of their own
-KQUANT_FUNCTIONS = {"Q4_K": "matmul_q4_k", "Q6_K": "matmul_q6_k", "Q5_0": "matmul_q5_0",  # ggml type -> C function
-                    "Q4_0": "matmul_q4_0", "Q4_1": "matmul_q4_1"}
+MATMUL_KQUANT_SOURCES = ("matmul_kquants.c",)  # the Q4_K, Q5_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls, a library of their own
+KQUANT_FUNCTIONS = {"Q4_K": "matmul_q4_k", "Q5_K": "matmul_q5_k", "Q6_K": "matmul_q6_k",  # ggml type -> C function
+                    "Q5_0": "matmul_q5_0", "Q4_0": "matmul_q4_0", "Q4_1": "matmul_q4_1"}
 
 
 def matmul_kquants_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
-    """The C Q4_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls in `variant` (None: q8_variant's choice for this CPU), by ggml
+    """The C Q4_K, Q5_K, Q6_K, Q5_0, Q4_0 and Q4_1 matmuls in `variant` (None: q8_variant's choice for this CPU), by ggml
     type name, each a ctypes function with the signature of matmul_f16 whose `isa` names the variant;
     KernelUnavailable saying why not."""
     isa, flags = Q8_VARIANTS[variant or q8_variant()]
@@ -203,7 +203,7 @@ def matmul_kquants_kernels(cache_dir: Path | None = None, variant: str | None = 
 
 
 def packed_kernels(cache_dir: Path | None = None, variant: str | None = None) -> dict:
-    "Every packed matmul, by the ggml type it multiplies: Q8_0, Q4_K, Q6_K, Q5_0, Q4_0, Q4_1."
+    "Every packed matmul, by the ggml type it multiplies: Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q4_0, Q4_1."
     return {"Q8_0": matmul_q8_0_kernel(cache_dir, variant), **matmul_kquants_kernels(cache_dir, variant)}
 
 # %% ../../nbs/92_kernels.ipynb #f96a3004
@@ -271,7 +271,7 @@ from ..formats.gguf import GGUFFile, GGUFTensor, gguf_tensor_naming, unpermute_r
 from ..model.layers import LMHead
 from ..model.qwen3 import STACKED_PROJECTIONS
 
-PACKED_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "Q4_1")  # the ggml types with a packed kernel
+PACKED_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_0", "Q4_1")  # the ggml types with a packed kernel
 
 
 def file_rows(reader: GGUFFile, cfg: ModelConfig) -> dict[str, tuple[GGUFTensor, np.ndarray]]:

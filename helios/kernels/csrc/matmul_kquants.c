@@ -1,4 +1,4 @@
-/* y = x W^T with W kept in GGUF's Q4_K, Q6_K, Q5_0, Q4_0 or Q4_1 blocks, as llama.cpp multiplies them: each
+/* y = x W^T with W kept in GGUF's Q4_K, Q5_K, Q6_K, Q5_0, Q4_0 or Q4_1 blocks, as llama.cpp multiplies them: each
    activation row is quantized to int8 (scale max|x| / 127, rounded to nearest, ties away from zero) per block of the
    weight's type (256 for the K types, with the sum of every 16 values beside, as llama.cpp's Q8_K; 32 for the others),
    and each block's product is a sum of integer dot products of unsigned weight codes (0..15, 0..31 or 0..63) and
@@ -20,6 +20,7 @@
 
 #define QK_K 256            /* values per K-type super-block */
 #define Q4_K_BYTES 144      /* float16 d, float16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes */
+#define Q5_K_BYTES 176      /* Q4_K's, with 32 bytes of fifth bits between the scales and the low 4 bits */
 #define Q6_K_BYTES 210      /* 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d */
 #define QK5 32              /* values per Q5_0 block */
 #define Q5_0_BYTES 22       /* float16 d, 32 high bits, 16 bytes of low 4 bits */
@@ -99,14 +100,20 @@ static inline __m256i two_scales(int a, int b) {  /* lanes 0..7 a, 8..15 b: a 32
 
 #define ROWS 8  /* rows a weight block is unpacked for: each unpacked block serves up to 8 rows */
 
-/* Q4_K: rows [0, R) of xq times one weight row w of nb super-blocks, into y[r * ldy]. Per super-block: the 8 sub-block
-   scales and mins unpacked and the codes split into 8 groups of 32 once; then, per row, isc = sum_j scale_j (codes .
-   x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin) in float. */
-static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                      float *y, int64_t ldy) {
+enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
+
+/* Q4_K and Q5_K (Q4_K's layout with a fifth bit per code, 32 bytes of them between the scales and the low 4 bits):
+   rows [0, R) of xq times one weight row w of nb super-blocks, into y[r * ldy]. Per super-block: the 8 sub-block scales
+   and mins unpacked and the codes (0..15, or 0..31 with the fifth bits) split into 8 groups of 32 once; then, per row,
+   isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin).
+   Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one). */
+static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd,
+                                                              const int16_t *xs, int64_t nb, int R, float *y,
+                                                              int64_t ldy, enum k_min_kind kind) {
+    const int five = kind == Q5_K_KIND;
     float acc[ROWS] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * Q4_K_BYTES, *qs = wb + 16;
+        const uint8_t *wb = w + b * (five ? Q5_K_BYTES : Q4_K_BYTES), *qh = wb + 16, *qs = wb + (five ? 48 : 16);
         const float d = fp16(wb), dmin = fp16(wb + 2);
         int sc[8], mn[8];
         for (int j = 0; j < 8; j++) q4_k_scale_min(wb + 4, j, &sc[j], &mn[j]);
@@ -118,6 +125,12 @@ static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             codes[2 * c] = _mm256_and_si256(q, low4);
             codes[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        }
+        if (five) {  /* value 32 j + l's fifth bit is bit j of qh[l]: moved to bit 4 of its byte */
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+            for (int j = 0; j < 8; j++)
+                codes[j] = _mm256_or_si256(codes[j],
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, j), one), 4));
         }
         for (int j = 0; j < 8; j++) {
             scale[j] = _mm256_set1_epi16((short)sc[j]);
@@ -139,6 +152,9 @@ static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const
                 codes[64 * c + l] = qs[32 * c + l] & 0x0f;
                 codes[64 * c + 32 + l] = qs[32 * c + l] >> 4;
             }
+        if (five)
+            for (int j = 0; j < 8; j++)
+                for (int l = 0; l < 32; l++) codes[32 * j + l] |= ((qh[l] >> j) & 1) << 4;
         for (int r = 0; r < R; r++) {
             const int8_t *x = xq + (r * nb + b) * QK_K;
             const int16_t *s = xs + (r * nb + b) * 16;
@@ -155,6 +171,12 @@ static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const
     }
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 }
+
+static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q4_K_KIND); }
+
+static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q5_K_KIND); }
 
 /* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
    isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum. */
@@ -317,6 +339,10 @@ static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w
 /* The signature of matmul_f16: K a multiple of the block size (GGUF stores no other). */
 void matmul_q4_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
     matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, rows_q4_k, "matmul_q4_k");
+}
+
+void matmul_q5_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q5_K_BYTES, rows_q5_k, "matmul_q5_k");
 }
 
 void matmul_q6_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
