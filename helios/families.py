@@ -37,7 +37,7 @@ class GGUFReading(NamedTuple):
 
 
 class RankSplit(NamedTuple):
-    "A family's own parts of one tensor-parallel rank, beside the parts every decoder splits alike (heads, MLP, experts)."
+    "A family's own parts of one tensor-parallel rank, beside those every decoder splits alike (heads, MLP, experts)."
     fields: dict[str, object]       # the rank's config fields of the family's own (e.g. its count of its own heads)
     rules: tuple[tuple[str, TensorPart], ...] = ()  # (pattern of a layer's tensor name, the part the rank reads),
                                     # tried before the shared rules
@@ -64,8 +64,8 @@ class Family:
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
     replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
                                                               # tensor-parallel rank holds whole: the family's own parts
-    tensor_parallel: Callable[[ModelConfig, object], RankSplit] | None = None  # (cfg, the rank's shard of the shared
-                                                              # parts) -> its own parts; ValueError where a size does not divide
+    tensor_parallel: Callable[[ModelConfig, object], RankSplit] | None = None  # (cfg, the rank's shard of the
+                                                              # shared parts) -> its own; ValueError: a size does not divide
     checkpoint_name: Callable[[str], str | None] | None = None  # a file's tensor name -> the text model's Hugging
                                                               # Face name, or None: not read; None: names as they are
     sequence_states: Callable | None = None                   # (cfg, engine config, rows, dtype, device) -> what the

@@ -50,7 +50,7 @@ class TickInputs:
     num_logits: list[int]      # [n] the chunk's last tokens whose logits rank 0 needs (0: it does not sample)
     page_tables: torch.Tensor  # [n, P] int64, each chunk's pages (padded with 0)
     micro_batches: list[range] # consecutive chunk ranges, run one after another through the stages
-    states: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [S] int64: what rank 0's `SplitStates` decided (S=0: none)
+    states: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [S] int64: rank 0's `SplitStates` plan (S=0: none)
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
         "A header [HEADER] and one int64 payload: two broadcasts per tick."

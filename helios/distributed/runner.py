@@ -57,6 +57,8 @@ class ParallelRunner:
                  groups: Groups, processes=(), micro_batches: int | None = None, states: SequenceStates | None = None):
         if states is not None and not isinstance(states, SplitStates):
             raise ValueError(f"{type(states).__name__} cannot be split across ranks; run this model with world size 1")
+        if states is not None and (micro_batches or groups.layout.pp) > 1:  # a plan's runs count from the tick's start
+            raise ValueError("per-sequence states run in one micro-batch: use pipeline_parallel_size=1")
         self.stage = StageRunner(model, kv, backend, groups, states)
         self.model, self.backend, self.device, self.groups = model, backend, self.stage.device, groups
         self.states = states  # rank 0's, which decides for every rank

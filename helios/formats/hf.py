@@ -88,7 +88,7 @@ def safetensors_shapes(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return shapes
 
 
-TensorPart = "tuple[slice, ...] | list[tuple[slice, ...]]"  # an index, or a list of them: those parts, stacked along dim 0
+TensorPart = "tuple[slice, ...] | list[tuple[slice, ...]]"  # an index, or a list of them: the parts stacked on dim 0
 TensorSelector = Callable[[str, tuple[int, ...]], "TensorPart | None"]  # (name, shape) -> the part to read, or None: skip it
 
 # %% ../../nbs/04_weights.ipynb #0314bb97

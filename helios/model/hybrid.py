@@ -411,7 +411,8 @@ def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> 
     out = {}
     for name, tensor in state_dict.items():
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
-        out[name.replace(".linear_attn.out_proj.", ".self_attn.o_proj.").replace(".linear_attn.", ".self_attn.")] = tensor
+        name = name.replace(".linear_attn.out_proj.", ".self_attn.o_proj.")  # every mixer's output is o_proj
+        out[name.replace(".linear_attn.", ".self_attn.")] = tensor
     return stack_experts(cfg, out)  # Qwen3.5-MoE: chapter 04a stacks the experts (the dense model has none)
 
 # %% ../../nbs/20_hybrid.ipynb #20a027
@@ -729,6 +730,7 @@ def release(self: StatePool, seq: Sequence, row: int | None):
     """seq gave its row back: a sequence preempted by swapping keeps its state on the host (or, swapped before it
     ever ran, the snapshot its admission chose); otherwise it is dropped."""
     tokens = self.row_tokens.pop(row, None) if row is not None else None
+    if row is not None: self.from_host.pop(row, None)  # a tick that failed before applying its plan
     if seq.swapped_pages is None or tokens is not None: self.chosen.pop(seq.seq_id, None)
     if seq.swapped_pages is not None and tokens is not None:
         self.swapped[seq.seq_id] = tokens, LinearState(self.conv[:, row].to("cpu", copy=True),
@@ -785,6 +787,9 @@ def hybrid_tensor_parallel(cfg: HybridConfig, shard: Shard) -> RankSplit:
     dk, dv, d = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.attention_head_dim
     key_size = cfg.linear_num_key_heads * dk
     qkv = [row_part(keys, dk), row_part(keys, dk, key_size), row_part(values, dv, 2 * key_size)]  # of q, of k, of v
+    if 0 < cfg.shared_expert_intermediate_size < tp:
+        raise ValueError(f"tensor_parallel_size={tp} is more than the shared expert's "
+                         f"{cfg.shared_expert_intermediate_size} columns")
     shared = split_range(cfg.shared_expert_intermediate_size, tp, r)
     rules = ((r"linear_attn\.(in_proj_qkv|conv1d)\.weight", qkv),
              (r"linear_attn\.in_proj_z\.weight", row_part(values, dv)),
