@@ -91,6 +91,13 @@ def tiny_checkpoint(request, tmp_path_factory) -> Path:
     return save_tiny(request.param, tmp_path_factory.mktemp(request.param))
 
 
+@pytest.fixture
+def no_worker_processes(monkeypatch):
+    "Starting a worker process fails the test: a refused setting must be refused before any process starts."
+    def refuse(method): raise AssertionError("a worker process was about to start")
+    monkeypatch.setattr("helios.distributed.launch.mp.get_context", refuse)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     from helios.weights import default_model_path

@@ -64,12 +64,10 @@ def test_a_small_pool_preempts_across_ranks_and_keeps_the_tokens(tmp_path, smoll
     assert stats.num_pages == 10 and stats.num_preemptions > 0 and stats.num_sequence_states == 0
 
 
-def test_sizes_a_hybrid_cannot_split_fail_before_any_process_starts(tmp_path, smollm2_gguf, monkeypatch):
+def test_sizes_a_hybrid_cannot_split_fail_before_any_process_starts(tmp_path, smollm2_gguf, no_worker_processes):
     path = tmp_path / "hybrid"
     save_reference("interval4_gqa_conv4_untied", path, vocab_size=VOCAB)  # 4 heads, 2 KV heads, 2 key heads
     folder = with_smollm2_tokenizer(path, smollm2_gguf)
-    def no_processes(method): raise AssertionError("a worker process was about to start")
-    monkeypatch.setattr("helios.distributed.launch.mp.get_context", no_processes)
     with pytest.raises(ValueError, match="tensor_parallel_size=4 must divide the 2 linear-attention key heads"):
         LLM(folder, tensor_parallel_size=4, **SETTINGS)
     with pytest.raises(ValueError, match="not pipeline stages; use pipeline_parallel_size=1"):

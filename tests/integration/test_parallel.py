@@ -75,10 +75,8 @@ def test_drafting_decodes_verify_across_ranks(tmp_path, smollm2_gguf):
         assert llm.stats().num_draft_tokens > 0
 
 
-def test_sizes_that_do_not_divide_fail_before_any_process_starts(tmp_path, smollm2_gguf, monkeypatch):
+def test_sizes_that_do_not_divide_fail_before_any_process_starts(tmp_path, smollm2_gguf, no_worker_processes):
     folder = with_smollm2_tokenizer(save_tiny("qwen3_untied", tmp_path, vocab_size=VOCAB), smollm2_gguf)
-    def no_processes(method): raise AssertionError("a worker process was about to start")
-    monkeypatch.setattr("helios.distributed.launch.mp.get_context", no_processes)
     with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide the 4 attention heads"):
         LLM(folder, tensor_parallel_size=3, **SETTINGS)
     with pytest.raises(ValueError, match="pipeline_parallel_size=3 is more than the model's 2 layers"):
