@@ -3,11 +3,16 @@
     python scripts/build_docs.py               # -> _site/ (what `make docs` runs)
     python scripts/build_docs.py --jobs 2      # run two chapters at a time
     python scripts/build_docs.py --cache .docs-cache  # reuse outputs of notebooks that did not change
+    python scripts/build_docs.py --run-only --jobs 2 --cache .docs-cache  # run the chapters, build nothing
+                                                                        # (`make test-nbs`; `make docs` reuses it)
 
 Every notebook in nbs/ runs in a fresh Python process with nbdev's executor, in nbs/, skipping the cells
 nbdev-test skips (`#| eval: false`, the `tst_flags`) and GPU-only cells (`#| gpu`); a failing cell fails
 the build. The pages are plain HTML and one stylesheet: no CDN, no web fonts, no JavaScript. Each
 chapter's wall time (a fresh process, imports included) goes to _site/timings.json.
+
+A cached notebook's outputs are reused only while its bytes, every file of helios/ and the HELIOS_* environment
+variables are the same: `make test` runs each chapter once and `make docs` renders what that run printed.
 """
 from __future__ import annotations
 
@@ -98,6 +103,7 @@ def execute_notebook(src: Path, dest: Path):
     from nbdev.process import NBProcessor
     nb = NBProcessor(src, rm_directives=False, process=True).nb
     flags = tst_flags()
+    os.environ["IN_TEST"] = "1"  # as nbdev-test sets it
     shell = CaptureShell(src)
     os.chdir(src.parent)
     failed = False
@@ -117,7 +123,9 @@ class ChapterFailed(Exception):
 
 def run_notebook(nb_path: Path, work: Path, cache: Path | None) -> tuple[list, float, str | None]:
     "Outputs of every cell of nb_path, the seconds it took (a fresh process), and its error if it failed."
-    digest = hashlib.sha256(nb_path.read_bytes() + b"".join(p.read_bytes() for p in sorted((ROOT / "helios").rglob("*.py")))).hexdigest()
+    settings = "".join(f"{k}={v}\n" for k, v in sorted(os.environ.items()) if k.startswith("HELIOS_")).encode()
+    sources = b"".join(p.read_bytes() for p in sorted((ROOT / "helios").rglob("*.py")))
+    digest = hashlib.sha256(nb_path.read_bytes() + sources + settings).hexdigest()
     cached = cache / f"{nb_path.stem}.json" if cache else None
     if cached and cached.exists():
         entry = json.loads(cached.read_text())
@@ -463,14 +471,8 @@ footer { margin-top: 2rem; color: var(--muted); font-size: 13px; }
 """
 
 
-def build(out: Path, jobs: int, cache: Path | None) -> dict:
-    from pygments.formatters import HtmlFormatter
-    paths = site_notebooks()
-    if not paths[0].exists(): raise SystemExit("nbs/index.ipynb is missing")
-    nbs = {p: json.loads(p.read_text()) for p in paths}
-    titles = {p: notebook_title(nbs[p]) for p in paths}
-    pages = [(page_name(p), short_title(p, titles[p])) for p in paths] + [("api.html", "API reference")]
-
+def run_all(paths: list[Path], jobs: int, cache: Path | None) -> tuple[dict, float]:
+    "Every notebook's (outputs, seconds, error), `jobs` at a time, and the wall time of it all."
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(jobs) as pool:
         def run(p):
@@ -478,7 +480,17 @@ def build(out: Path, jobs: int, cache: Path | None) -> dict:
             print(f"  {p.name:28s} {seconds:6.1f} s{'  FAILED' if error else ''}", flush=True)
             return outputs, seconds, error
         results = dict(zip(paths, pool.map(run, paths)))
-    build_s = time.perf_counter() - start
+    return results, time.perf_counter() - start
+
+
+def build(out: Path, jobs: int, cache: Path | None) -> dict:
+    from pygments.formatters import HtmlFormatter
+    paths = site_notebooks()
+    if not paths[0].exists(): raise SystemExit("nbs/index.ipynb is missing")
+    nbs = {p: json.loads(p.read_text()) for p in paths}
+    titles = {p: notebook_title(nbs[p]) for p in paths}
+    pages = [(page_name(p), short_title(p, titles[p])) for p in paths] + [("api.html", "API reference")]
+    results, build_s = run_all(paths, jobs, cache)
 
     if out.exists(): shutil.rmtree(out)
     (out / "img").mkdir(parents=True)
@@ -517,12 +529,18 @@ def main():
     ap.add_argument("--out", type=Path, default=ROOT / "_site")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks run at a time (timings are cleanest at 1)")
     ap.add_argument("--cache", type=Path, help="keep outputs here; reuse them while a notebook and helios/ are unchanged")
+    ap.add_argument("--run-only", action="store_true", help="run the notebooks (filling --cache), build no site")
     ap.add_argument("--execute", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--to", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.execute: return execute_notebook(args.execute.resolve(), args.to.resolve())
     start = time.perf_counter()
     print(f"running {len(site_notebooks())} notebooks ({args.jobs} at a time):")
+    if args.run_only:
+        results, wall_s = run_all(site_notebooks(), args.jobs, args.cache)
+        errors = [error for _, _, error in results.values() if error]
+        if errors: sys.exit("\n\n".join(errors))
+        return print(f"every notebook ran, in {wall_s:.0f} s")
     try:
         timings = build(args.out.resolve(), args.jobs, args.cache)
     except ChapterFailed as e:

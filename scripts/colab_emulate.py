@@ -17,9 +17,9 @@ that has only what a Colab runtime brings (tests/integration/test_colab.py runs 
    that protobuf and others share). So the first chapter's install cell installs the wheel with its dependencies
    from the package registry into the environment, and later chapters find them there.
 
-It stops at the first chapter that fails (or, with --keep-going, runs on) and prints `FAILED <chapter>: <error>`;
-it exits 1 if a chapter failed, else 0. Times per
-chapter and in all go to stdout.
+With --jobs 2 the chapters after the first run two at a time (each in its own kernel and folder). No new chapter
+starts after one fails (with --keep-going, all run); each failure prints `FAILED <chapter>: <error>`, and it exits 1
+if a chapter failed, else 0. Times per chapter and in all go to stdout.
 """
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +80,7 @@ def clean_env() -> dict[str, str]:
 
 
 # what a build leaves in the checkout, or anything else that must not reach the wheel's source copy
-NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "_site*", "_docs", "_proc", "__pycache__",
+NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "_site*", "_docs", "_proc", "__pycache__", ".docs-cache",
                                     ".pytest_cache", ".ruff_cache", ".venv", "venv", ".ipynb_checkpoints")
 
 
@@ -110,24 +112,31 @@ def run_chapter(path: Path, wheel: Path) -> None:
         NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
 
 
-def inside(paths: list[Path], wheel: Path, keep_going: bool = False) -> int:
-    "Run the chapters in order in this (the emulated) Python; stop at the first that fails unless `keep_going`."
+def inside(paths: list[Path], wheel: Path, keep_going: bool = False, jobs: int = 1) -> int:
+    """Run the chapters in this (the emulated) Python: the first alone (its install cell installs Helios's
+    dependencies), then the others `jobs` at a time, each in its own kernel and folder. After a failure no new
+    chapter starts unless `keep_going`."""
     os.environ["HELIOS_COLAB"] = "1"
-    start, failed = time.perf_counter(), 0
-    for path in paths:
+    start, failed, lock = time.perf_counter(), [], threading.Lock()
+
+    def run(path: Path):
+        if failed and not keep_going: return
         t0 = time.perf_counter()
         try:
             run_chapter(path, wheel)
         except Exception as e:  # nbclient's CellExecutionError carries the cell and its traceback
             error = getattr(e, "ename", type(e).__name__) + ": " + str(getattr(e, "evalue", "") or e).strip()
-            print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s  failed", flush=True)
-            print(str(e)[-6000:], file=sys.stderr)
-            print(f"FAILED {path.stem}: {error.splitlines()[0] if error else type(e).__name__}", flush=True)
-            failed += 1
-            if keep_going: continue
-            return 1
-        print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s", flush=True)
-    print(f"{len(paths)} chapters in {time.perf_counter() - start:.0f} s, {failed} failed", flush=True)
+            with lock:
+                print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s  failed", flush=True)
+                print(str(e)[-6000:], file=sys.stderr)
+                print(f"FAILED {path.stem}: {error.splitlines()[0] if error else type(e).__name__}", flush=True)
+                failed.append(path)
+            return
+        with lock: print(f"{path.stem:28} {time.perf_counter() - t0:7.1f} s", flush=True)
+
+    if paths: run(paths[0])
+    with ThreadPoolExecutor(jobs) as pool: list(pool.map(run, paths[1:]))
+    print(f"{len(paths)} chapters in {time.perf_counter() - start:.0f} s ({jobs} at a time), {len(failed)} failed", flush=True)
     return 1 if failed else 0
 
 
@@ -136,9 +145,11 @@ def main() -> int:
     parser.add_argument("chapters", nargs="*", help="notebook names or paths (default: every chapter)")
     parser.add_argument("--keep", action="store_true", help="keep the wheel and the environment (their folder is printed)")
     parser.add_argument("--keep-going", action="store_true", help="run every chapter even after one fails")
+    parser.add_argument("--jobs", type=int, default=1, help="chapters run at a time after the first (default 1)")
     parser.add_argument("--inside", metavar="WHEEL", help=argparse.SUPPRESS)  # the second half, run in the environment
     args = parser.parse_args()
-    if args.inside: return inside([Path(p) for p in args.chapters], Path(args.inside), args.keep_going)  # stripped copies
+    if args.inside:  # stripped copies
+        return inside([Path(p) for p in args.chapters], Path(args.inside), args.keep_going, args.jobs)
     paths = chapters(args.chapters)
     folder = Path(tempfile.mkdtemp(prefix="colab-emulate-"))
     try:
@@ -149,6 +160,7 @@ def main() -> int:
         runnable = strip_skipped(paths, folder / "chapters")
         cmd = [str(python), str(Path(__file__).resolve()), "--inside", str(wheel), *[str(p) for p in runnable]]
         if args.keep_going: cmd.append("--keep-going")
+        cmd += ["--jobs", str(args.jobs)]
         return subprocess.run(cmd, env=clean_env(), cwd=folder).returncode
     finally:
         if args.keep: print(f"kept {folder}")
