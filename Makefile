@@ -3,7 +3,7 @@
 
 test: test-nbs test-py
 
-# the notebooks run with 512 MiB KV pools (two run at a time, each in a process of its own)
+# the notebooks' engines get 512 MiB KV pools, in make test-nbs and make docs alike (the cache's digest includes it)
 NB_ENV = HELIOS_KV_CACHE_BYTES=536870912
 
 # every notebook, each in a fresh process, two at a time, skipping what nbdev-test skips (the tst_flags,

@@ -12,7 +12,8 @@ the build. The pages are plain HTML and one stylesheet: no CDN, no web fonts, no
 chapter's wall time (a fresh process, imports included) goes to _site/timings.json.
 
 A cached notebook's outputs are reused only while its bytes, every file of helios/ and the HELIOS_* environment
-variables are the same: `make test` runs each chapter once and `make docs` renders what that run printed.
+variables are the same: `make test` runs each chapter once and `make docs` renders what that run printed
+(timings.json lists those chapters under `cached`; their seconds are that run's, two chapters at a time).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT / "nbs"
@@ -121,15 +123,23 @@ class ChapterFailed(Exception):
     "A notebook raised; its outputs up to the failing cell are still rendered."
 
 
-def run_notebook(nb_path: Path, work: Path, cache: Path | None) -> tuple[list, float, str | None]:
-    "Outputs of every cell of nb_path, the seconds it took (a fresh process), and its error if it failed."
+class Ran(NamedTuple):
+    "What running a notebook gave."
+    outputs: list          # every cell's outputs ([] for markdown), up to the failing cell
+    seconds: float         # its wall time in a fresh process: that run's, when it came from the cache
+    error: str | None      # why it failed, or None
+    cached: bool = False   # reused from --cache (run earlier, e.g. by `make test-nbs`, two at a time)
+
+
+def run_notebook(nb_path: Path, work: Path, cache: Path | None) -> Ran:
+    "Run nb_path in a fresh process, or reuse its cached outputs while the notebook, helios/ and settings are the same."
     settings = "".join(f"{k}={v}\n" for k, v in sorted(os.environ.items()) if k.startswith("HELIOS_")).encode()
     sources = b"".join(p.read_bytes() for p in sorted((ROOT / "helios").rglob("*.py")))
     digest = hashlib.sha256(nb_path.read_bytes() + sources + settings).hexdigest()
     cached = cache / f"{nb_path.stem}.json" if cache else None
     if cached and cached.exists():
         entry = json.loads(cached.read_text())
-        if entry["digest"] == digest: return entry["outputs"], entry["seconds"], None
+        if entry["digest"] == digest: return Ran(entry["outputs"], entry["seconds"], None, cached=True)
     dest = work / f"{nb_path.stem}.json"
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--execute", str(nb_path), "--to", str(dest)],
@@ -137,11 +147,11 @@ def run_notebook(nb_path: Path, work: Path, cache: Path | None) -> tuple[list, f
     seconds = time.perf_counter() - start
     outputs = json.loads(dest.read_text()) if dest.exists() else []
     if proc.returncode != 0:
-        return outputs, seconds, f"{nb_path.name} failed after {seconds:.0f} s:\n{proc.stderr[-6000:]}"
+        return Ran(outputs, seconds, f"{nb_path.name} failed after {seconds:.0f} s:\n{proc.stderr[-6000:]}")
     if cached:
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps({"digest": digest, "seconds": seconds, "outputs": outputs}))
-    return outputs, seconds, None
+    return Ran(outputs, seconds, None)
 
 
 # ---- rendering ----
@@ -471,7 +481,7 @@ footer { margin-top: 2rem; color: var(--muted); font-size: 13px; }
 """
 
 
-# the chapters that run longest (`make test-nbs` on 2 Xeon cores: 92_kernels 288 s, 15_performance 196 s, 12_llm 79 s,
+# the chapters that run longest (`make test-nbs` on 2 Xeon cores, load 1-3: 92_kernels 288 s, 15_performance 196 s, 12_llm 79 s,
 # 16_parallel 69 s, the rest under 55 s); started first, so the last minutes do not run one chapter alone
 LONGEST_FIRST = ("92_kernels", "15_performance", "12_llm", "16_parallel")
 
@@ -482,14 +492,15 @@ def longest_first(paths: list[Path]) -> list[Path]:
     return first + [p for p in paths if p not in first]
 
 
-def run_all(paths: list[Path], jobs: int, cache: Path | None) -> tuple[dict, float]:
-    "Every notebook's (outputs, seconds, error), `jobs` at a time (the longest first), and the wall time of it all."
+def run_all(paths: list[Path], jobs: int, cache: Path | None) -> tuple[dict[Path, Ran], float]:
+    "Every notebook's Ran, `jobs` at a time (the longest first), and the wall time of it all."
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(jobs) as pool:
         def run(p):
-            outputs, seconds, error = run_notebook(p, Path(work), cache)
-            print(f"  {p.name:28s} {seconds:6.1f} s{'  FAILED' if error else ''}", flush=True)
-            return outputs, seconds, error
+            ran = run_notebook(p, Path(work), cache)
+            print(f"  {p.name:28s} {ran.seconds:6.1f} s{'  FAILED' if ran.error else ''}{'  (cached)' if ran.cached else ''}",
+                  flush=True)
+            return ran
         order = longest_first(paths)
         results = dict(zip(order, pool.map(run, order)))
     return results, time.perf_counter() - start
@@ -509,7 +520,7 @@ def build(out: Path, jobs: int, cache: Path | None) -> dict:
     (out / "style.css").write_text(STYLE + HtmlFormatter().get_style_defs(".highlight"))
     for i, p in enumerate(paths):
         images: list[tuple[str, bytes]] = []
-        body = render_notebook(nbs[p], results[p][0], p.stem, images)
+        body = render_notebook(nbs[p], results[p].outputs, p.stem, images)
         for name, data in images: (out / name).write_bytes(data)
         links = "" if p.stem == "index" else (
             f'<p class="source-links"><a href="{REPO_URL}/blob/main/nbs/{p.name}">notebook source</a>'
@@ -517,12 +528,13 @@ def build(out: Path, jobs: int, cache: Path | None) -> dict:
         (out / page_name(p)).write_text(page(titles[p].replace("`", ""), body, pages, page_name(p), pager(pages, i), links))
     (out / "api.html").write_text(page("API reference", render_api(), pages, "api.html", pager(pages, len(pages) - 1)))
 
-    timings = {"chapters": {p.stem: round(results[p][1], 1) for p in paths},
-               "failed": [p.stem for p in paths if results[p][2]],
+    timings = {"chapters": {p.stem: round(results[p].seconds, 1) for p in paths},
+               "cached": [p.stem for p in paths if results[p].cached],  # their seconds are from the run that filled it
+               "failed": [p.stem for p in paths if results[p].error],
                "execute_wall_s": round(build_s, 1), "jobs": jobs,
                "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"}
     (out / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
-    errors = [results[p][2] for p in paths if results[p][2]]
+    errors = [results[p].error for p in paths if results[p].error]
     if errors: raise ChapterFailed("\n\n".join(errors))
     return timings
 
@@ -550,7 +562,7 @@ def main():
     print(f"running {len(site_notebooks())} notebooks ({args.jobs} at a time):")
     if args.run_only:
         results, wall_s = run_all(site_notebooks(), args.jobs, args.cache)
-        errors = [error for _, _, error in results.values() if error]
+        errors = [ran.error for ran in results.values() if ran.error]
         if errors: sys.exit("\n\n".join(errors))
         return print(f"every notebook ran, in {wall_s:.0f} s")
     try:

@@ -57,7 +57,7 @@ def refresh(path: Path, work: Path, flags: set[str]) -> tuple[int, int, float]:
     nb = json.loads(path.read_text(encoding="utf-8"))
     cells = figure_cells(nb, flags)
     if not cells: return 0, 0, 0.0
-    outputs, seconds, error = docs.run_notebook(path, work, cache=None)
+    outputs, seconds, error, _ = docs.run_notebook(path, work, cache=None)
     if error: raise SystemExit(error)
     shown = 0
     for i in cells:
