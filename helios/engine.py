@@ -888,7 +888,8 @@ def warm_up_forwards(engine: Engine) -> WarmUp:
         forward([ScheduledChunk(cold, 0, cold.prompt_ids, True)])
         if n >= page_size and pages.num_free_pages and pages.prefix_cache is not None:  # hits need the cache
             hit = sequence(page_size + 1, cold.page_table[:1] + pages.take(1))
-            forward([ScheduledChunk(hit, page_size, hit.prompt_ids[page_size:], True)])
+            if engine.states is None or engine.states.usable_blocks(hit, 1):  # states resume where a snapshot is
+                forward([ScheduledChunk(hit, page_size, hit.prompt_ids[page_size:], True)])
             pages.release(hit.page_table[1:])
         pages.release(cold.page_table)
     for batch_size in warm_up_batch_sizes(min(config.max_batch_size, pages.num_free_pages)):

@@ -76,7 +76,7 @@ def measure(modes: dict[str, dict], positions: int = 512, model=None) -> tuple[d
     "Each mode that runs here against dtype='float32' (modes that cannot run are left out), and the reference's time."
     from helios import LLM
     from helios.registry import Unavailable
-    settings = dict(quiet=True, kv_cache_bytes=256 << 20, max_batch_size=32)
+    settings = dict(quiet=True, kv_cache_bytes=1 << 30, max_batch_size=32)  # room for 32 rows of Gemma 3's windows (chapter 21)
     with LLM(model, dtype="float32", **settings) as llm:
         prompts = windows(llm.tokenizer, positions)
         reference, reference_s = next_token_logprobs(llm, prompts)

@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     register_packed()
     from helios import LLM
-    llms = {name: LLM(args.model, quiet=True, kv_cache_bytes=256 << 20, **kw) for name, kw in MODES.items()}
+    llms = {name: LLM(args.model, quiet=True, kv_cache_bytes=1 << 30, **kw) for name, kw in MODES.items()}
     best = {(name, b): 0.0 for name in llms for b in (1, 16)}
     for r in range(args.rounds):
         for name, llm in llms.items():

@@ -66,6 +66,8 @@ class Gemma3Config(ModelConfig):
     layer_types: tuple[str, ...] = ()        # SLIDING or FULL, one per layer
     global_rope_theta: float = 1_000_000.0   # the full layers' RoPE base (rope_theta: the local layers')
     query_pre_attn_scalar: float = 256.0     # attention scores are scaled by its inverse square root
+    windows_in_pages: bool = True            # the engine's pages keep the local layers' K/V too (False: only the full
+                                             # layers' ones; the windows are then kept per sequence, apart)
 
     def __post_init__(self):  # chapter 00's shape checks; its architecture list names chapter 00's families only
         if self.num_heads % self.num_kv_heads:
@@ -86,6 +88,11 @@ class Gemma3Config(ModelConfig):
         return self.rope_theta if self.is_sliding(layer_idx) else self.global_rope_theta
 
     def is_sliding(self, layer_idx: int) -> bool: return self.layer_types[layer_idx] == SLIDING
+
+    @property
+    def num_kv_layers(self) -> int:
+        "Chapter 00's layers whose K/V the pages keep: every one, or the full layers alone when the windows live apart."
+        return self.num_layers if self.windows_in_pages else self.layer_types.count(FULL)
 
 # %% ../../nbs/18_gemma3.ipynb #6136cb67
 def _gemma3_rope(d: dict) -> tuple[float, float]:

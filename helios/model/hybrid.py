@@ -500,26 +500,25 @@ def generate_hybrid(model: CausalLM, prompt_ids: list[int], max_new_tokens: int,
 
 # %% ../../nbs/20_hybrid.ipynb #20b002
 class StatePool:
-    """The linear layers' states in the engine: a slot per runner row (each running sequence's own), and snapshots
-    of prompts' states at the ends of their blocks, by the block's hash, the least recently used given up first."""
+    """Fixed-size per-sequence states in the engine (here the linear layers'): a slot per runner row (each running
+    sequence's own), and snapshots of prompts' states at the ends of their blocks, by the block's hash, the least
+    recently used given up first."""
+    what = "linear-attention states"  # as the start-up line names them
+
     def __init__(self, cfg: HybridConfig, num_rows: int, num_snapshots: int, page_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.state_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
-        self.kv_slot = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
-        n, slots = len(cfg.linear_layers), num_rows + num_snapshots  # rows first, then snapshot slots
-        self.conv = torch.zeros(n, slots, cfg.conv_dim, cfg.conv_kernel_size - 1, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(n, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                     cfg.linear_value_head_dim, dtype=torch.float32, device=device)
+        slots = num_rows + num_snapshots       # rows first, then snapshot slots
+        self.allocate(cfg, slots, dtype, device)
         self.num_rows, self.num_snapshot_slots, self.page_size = num_rows, num_snapshots, page_size
-        self.state_bytes = cfg.linear_state_bytes(self.conv.element_size())     # one slot, all linear layers
+        self.state_bytes = sum(t[:, 0].numel() * t.element_size() for t in self.tensors())  # one slot, all layers
         self.nbytes = slots * self.state_bytes
         self.row_tokens: dict[int, int] = {}   # row -> tokens its state has run (a row not here holds nothing)
         self.snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.free_slots = list(range(slots - 1, num_rows - 1, -1))
         self.chosen: dict[int, bytes] = {}     # seq_id -> the snapshot its admission chose, kept until it starts
         self.pending: list[tuple[bytes, int]] = []  # (block hash, slot): snapshots this tick's forward is filling
-        self.swapped: dict[int, tuple[int, LinearState]] = {}  # seq_id -> (tokens, state on the host): swapped out
-        self.from_host: dict[int, LinearState] = {}  # row -> the swapped state it takes back when the tick applies
+        self.swapped: dict[int, tuple[int, tuple]] = {}  # seq_id -> (tokens, its row of `tensors()` on the host)
+        self.from_host: dict[int, tuple] = {}  # row -> the swapped state it takes back when the tick applies
         self.num_restored = 0                  # sequences that started from a snapshot
 
     @property
@@ -530,13 +529,25 @@ class StatePool:
 
     def describe(self) -> str:
         size = lambda n: f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
-        return (f"linear-attention states {size(self.nbytes)} = ({self.num_rows} rows + "
+        return (f"{self.what} {size(self.nbytes)} = ({self.num_rows} rows + "
                 f"{self.num_snapshot_slots} prefix snapshots) x {size(self.state_bytes)}")
 
+    def allocate(self, cfg: HybridConfig, slots: int, dtype: torch.dtype, device: torch.device | str):
+        "Which layers keep states (`state_slot`) and which pages (`kv_slot`), and the states' tensors."
+        self.state_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
+        self.kv_slot = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+        n = len(cfg.linear_layers)
+        self.conv = torch.zeros(n, slots, cfg.conv_dim, cfg.conv_kernel_size - 1, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(n, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                     cfg.linear_value_head_dim, dtype=torch.float32, device=device)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        "What a slot holds, as tensors [layers, slots, ...]: what a reset, a copy between slots or a swap moves."
+        return self.conv, self.recurrent
+
     def copy_slot(self, src: int, dst: int):
-        "Every linear layer's state in slot src, copied to slot dst."
-        self.conv[:, dst].copy_(self.conv[:, src])
-        self.recurrent[:, dst].copy_(self.recurrent[:, src])
+        "Every layer's state in slot src, copied to slot dst."
+        for t in self.tensors(): t[:, dst].copy_(t[:, src])
 
 # %% ../../nbs/20_hybrid.ipynb #20b004
 @patch
@@ -586,7 +597,7 @@ def start(self: StatePool, row: int, seq: Sequence, start: int) -> int | None:
 
 # %% ../../nbs/20_hybrid.ipynb #20b006
 class Run(NamedTuple):
-    "One chunk's part of a tick in the linear layers."
+    "One chunk's part of a tick in the layers with states."
     row: int                           # where its state is
     first: int                         # its first token's index in the packed tick
     num_tokens: int
@@ -649,7 +660,7 @@ def scan(self: PagedHybridKV, layer_idx: int, mix: Mix, qkv: torch.Tensor, beta:
 
 # %% ../../nbs/20_hybrid.ipynb #20b00a
 class StatePlan(NamedTuple):
-    "What one tick does with the states: rows filled before the forward, and each chunk's run through the linear layers."
+    "What one tick does with the states: rows filled before the forward, and each chunk's run through the layers that keep them."
     restores: list[tuple[int, int]]    # (row, where from: ZEROS, FROM_HOST or a snapshot slot)
     runs: list[Run]
 
@@ -697,30 +708,33 @@ def decide(self: StatePool, plan: TickPlan, rows: list[int]) -> torch.Tensor:
 
 
 @patch
-def apply(self: StatePool, kv: PagedKV, decided: torch.Tensor) -> PagedHybridKV:
+def apply(self: StatePool, kv: PagedKV, decided: torch.Tensor) -> KVStore:
     "The rows filled as `decided` says (on any rank, for its heads), and this tick's store."
     plan = StatePlan.unpack(decided)
     for row, source in plan.restores:
         if source == ZEROS:
-            self.conv[:, row].zero_()
-            self.recurrent[:, row].zero_()
+            for t in self.tensors(): t[:, row].zero_()
         elif source == FROM_HOST:
-            state = self.from_host.pop(row)
-            self.conv[:, row].copy_(state.conv)
-            self.recurrent[:, row].copy_(state.recurrent)
+            for t, saved in zip(self.tensors(), self.from_host.pop(row)): t[:, row].copy_(saved)
         else: self.copy_slot(source, row)
-    return PagedHybridKV(self, kv, plan.runs)
+    return self.tick_store(kv, plan.runs)
 
 
 @patch
-def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> PagedHybridKV:
+def tick_store(self: StatePool, kv: PagedKV, runs: list[Run]) -> KVStore:
+    "The store a tick's layers see, given its runs: here the linear layers' `PagedHybridKV`."
+    return PagedHybridKV(self, kv, runs)
+
+
+@patch
+def bind(self: StatePool, kv: PagedKV, plan: TickPlan, rows: list[int]) -> KVStore:
     "Chapter 11's `SequenceStates.bind`: decide, then apply."
     return self.apply(kv, self.decide(plan, rows))
 
 
 @patch
 def commit(self: StatePool):
-    "The forward ran every linear layer: the snapshots it took now stand for their blocks (the deepest most recent)."
+    "The forward ran every layer with a state: the snapshots it took now stand for their blocks (the deepest most recent)."
     for h, slot in reversed(self.pending): self.snapshots[h] = slot
     self.pending = []
 
@@ -733,8 +747,7 @@ def release(self: StatePool, seq: Sequence, row: int | None):
     if row is not None: self.from_host.pop(row, None)  # a tick that failed before applying its plan
     if seq.swapped_pages is None or tokens is not None: self.chosen.pop(seq.seq_id, None)
     if seq.swapped_pages is not None and tokens is not None:
-        self.swapped[seq.seq_id] = tokens, LinearState(self.conv[:, row].to("cpu", copy=True),
-                                                       self.recurrent[:, row].to("cpu", copy=True))
+        self.swapped[seq.seq_id] = tokens, tuple(t[:, row].to("cpu", copy=True) for t in self.tensors())
     elif seq.swapped_pages is None:
         self.swapped.pop(seq.seq_id, None)  # ended, or resumed by recomputing
 

@@ -77,7 +77,7 @@ class _EngineCollector:
                                        s.num_host_cached_pages))):
             for state, value in zip(("total", "free", "used", "cached"), values): tiers.add_metric([self.model_name, tier, state], value)
         yield tiers
-        yield gauge("helios:sequence_states", "Sequences whose per-sequence state (linear attention) is held", s.num_sequence_states)
+        yield gauge("helios:sequence_states", "Sequences whose per-sequence state (linear attention, sliding windows) is held", s.num_sequence_states)
         yield gauge("helios:state_snapshots", "Prefix snapshots of per-sequence states kept", s.num_state_snapshots)
         yield gauge("helios:state_snapshot_slots", "Prefix snapshots the state pool can keep", s.num_state_snapshot_slots)
         yield counter("helios:num_preemptions", "Running sequences preempted to free KV pages", s.num_preemptions)

@@ -1,6 +1,7 @@
 """Gemma 3 (chapter 18) against transformers: a tiny random model with a 4-token window (also through the paged
 engine), and the real Gemma 3 270M of the `gemma3` extra: its tokenizer on a few thousand strings, its float32
 logits and its greedy tokens, on prompts longer than the 512-token window."""
+import copy
 import importlib.util
 import random
 
@@ -15,6 +16,7 @@ from helios.engine import Engine
 from helios.formats.gguf import GGUFFile
 from helios.model.gemma3 import (FULL, SLIDING, config_from_gguf, config_from_hf, gemma3_model, gemma3_state_dict,
                                  gemma3_tokenizer)
+from helios.model.window import windows_apart
 from helios.reference import generate
 from helios.tokenizer import load_tokenizer
 
@@ -207,9 +209,14 @@ def test_the_short_name_finds_the_file(monkeypatch, gguf_path):
 
 @needs_gemma3
 @pytest.mark.slow
-def test_the_paged_engine_runs_the_real_model_as_alone(models):
-    "Chunked prefill across the window, three requests batched: each gets the tokens the reference loop gives it."
+@pytest.mark.parametrize("apart", [False, True], ids=["windows-in-pages", "windows-apart"])
+def test_the_paged_engine_runs_the_real_model_as_alone(models, apart):
+    """Chunked prefill across the window, three requests batched: each gets the tokens the reference loop gives it,
+    with every layer in pages (chapter 18) and with the windows apart (chapter 21)."""
     ours, _, tokenizer = models
+    if apart:  # the same modules, the config that keeps the windows apart
+        ours = copy.copy(ours)
+        ours.config = windows_apart(ours.config)
     prompts = [long_prompt(tokenizer), tokenizer.encode_chat([{"role": "user", "content": "Name three colours."}]),
                long_prompt(tokenizer)[:540]]
     config = EngineConfig(max_batch_size=4, prefill_chunk_size=256, page_size=16, max_queue=8, kv_watermark=0.0)
@@ -227,7 +234,7 @@ def test_load_model_reads_the_gguf_through_the_registered_family(gguf_path):
     assert gguf_family("gemma3").name == "gemma3_text"
     loaded = load_model(gguf_path, dtype="float32", optimize=False)
     reader = GGUFFile(gguf_path)
-    assert loaded.config == config_from_gguf(reader)
+    assert loaded.config == windows_apart(config_from_gguf(reader))  # registered as chapter 21's: windows apart
     tokenizer = load_tokenizer(gguf_path)  # chapter 05 picks the SentencePiece reader by tokenizer.ggml.model
     assert tokenizer.encode("Hello  world 🦀") == gemma3_tokenizer(reader).encode("Hello  world 🦀")
     ids = torch.tensor([tokenizer.encode("The capital of France is")])
