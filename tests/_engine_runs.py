@@ -10,6 +10,13 @@ PAGE = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
+def prompts() -> list[list[int]]:
+    "Eight prompts: four share a 2-page prefix; lengths cross pages (8 tokens) and chunks (16) at many places."
+    shared = [(5 * j) % 200 + 3 for j in range(2 * PAGE)]
+    own = [[(11 * i + 7 * j) % 200 + 1 for j in range(1 + 9 * i)] for i in range(8)]
+    return [shared + own[i] if i < 4 else own[i] for i in range(8)]
+
+
 def run_engine(model, tokenizer, prompts: list[list[int]], num_pages: int, **config):
     "Each request's output and the engine's stats; small pages and chunks, so every prompt crosses both."
     settings = dict(max_batch_size=4, prefill_chunk_size=16, page_size=PAGE, max_queue=64, kv_watermark=0.0)

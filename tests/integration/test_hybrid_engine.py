@@ -6,7 +6,7 @@ no page, row or snapshot slot is left held."""
 import pytest
 import torch
 
-from _engine_runs import GREEDY, PAGE, check_invariants, run_engine
+from _engine_runs import GREEDY, PAGE, check_invariants, prompts, run_engine
 from _hybrid_checkpoints import save_reference
 from helios.config import EngineConfig
 from helios.engine import Engine
@@ -24,13 +24,6 @@ def hybrid(request, tmp_path_factory, smollm2_gguf):
     folder = tmp_path_factory.mktemp(request.param)
     save_reference(request.param, folder)
     return load_model(folder, dtype="float32", device="cpu").model, load_tokenizer(smollm2_gguf)
-
-
-def prompts() -> list[list[int]]:
-    "Eight prompts: four share a 2-page prefix; lengths cross pages (8 tokens) and chunks (16) at many places."
-    shared = [(5 * j) % 200 + 3 for j in range(2 * PAGE)]
-    own = [[(11 * i + 7 * j) % 200 + 1 for j in range(1 + 9 * i)] for i in range(8)]
-    return [shared + own[i] if i < 4 else own[i] for i in range(8)]
 
 
 def alone(model, prompt_list: list[list[int]]) -> list[list[int]]:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from _engine_runs import GREEDY, PAGE, check_invariants, run_engine
+from _engine_runs import GREEDY, PAGE, check_invariants, prompts, run_engine
 from helios.config import EngineConfig
 from helios.engine import Engine, budget_left_by
 from helios.kv.pages import pages_needed
@@ -45,13 +45,6 @@ def tiny(smollm2_gguf):
     in_pages = gemma3_model(config_from_hf(d), dict(hf.state_dict()))
     apart = gemma3_model(windows_apart(config_from_hf(d)), dict(hf.state_dict()))
     return apart, in_pages, load_tokenizer(smollm2_gguf)
-
-
-def prompts() -> list[list[int]]:
-    "Eight prompts: four share a 2-page prefix; lengths cross pages (8 tokens), chunks (16) and the window (4)."
-    shared = [(5 * j) % 200 + 3 for j in range(2 * PAGE)]
-    own = [[(11 * i + 7 * j) % 200 + 1 for j in range(1 + 9 * i)] for i in range(8)]
-    return [shared + own[i] if i < 4 else own[i] for i in range(8)]
 
 
 def alone(model, prompt_list: list[list[int]]) -> list[list[int]]:
