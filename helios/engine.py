@@ -438,11 +438,9 @@ def create(cls: Engine, model: CausalLM, tokenizer: Tokenizer, eos_token_ids, co
     element = kv_dtype(config, model.dtype)
     choice = choose_backend(model.config, element, model.device, config.attention, dtype=model.dtype)
     memory, states = None, sequence_states(model, config)  # the states' bytes come out of the pages' budget
-    if config.kv_cache_bytes is None and model.device.type == "cuda":
-        if states is not None:  # the profile's tick runs on a bare PagedKV
-            raise ValueError(f"{model.config.architecture} models keep per-sequence states, which the GPU memory "
-                             f"profile does not run; set kv_cache_bytes")
-        memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION)
+    if config.kv_cache_bytes is None and model.device.type == "cuda":  # the states are in memory while it measures
+        memory = profile_memory(model, choice.value, config, weight_bytes(model), DEFAULT_GPU_MEMORY_FRACTION,
+                                states=states)
     budget = memory.kv_bytes if memory else kv_budget_bytes(config, model.device)
     num_pages = num_pages_for_budget(model.config, budget_left_by(states, budget), config.page_size, element)
     engine = cls(model, tokenizer, frozenset(eos_token_ids), config, num_pages, choice.value, memory=memory,

@@ -9,6 +9,7 @@ __all__ = ['DEFAULT_GPU_HEADROOM_BYTES', 'MemoryProfile', 'largest_tick', 'run_l
 
 # %% ../../nbs/11_engine.ipynb #91ff97a5
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from .batch import build_paged_batch
 from .pages import pages_needed
 from .pool import KVPool, kv_dtype
 from ..model.qwen3 import CausalLM
+from ..scheduler import ScheduledChunk, Sequence, TickPlan
+
+if TYPE_CHECKING: from helios.engine import SequenceStates  # defined below, in the engine's own module
 
 DEFAULT_GPU_HEADROOM_BYTES = 512 << 20  # kept back on a GPU: CUDA graphs' pool, the sampler's tensors, fragmentation
 
@@ -51,8 +55,10 @@ def largest_tick(config: EngineConfig) -> tuple[list[int], list[int]]:
 
 # %% ../../nbs/11_engine.ipynb #7427a0f3
 @torch.inference_mode()
-def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineConfig) -> int:
-    "Run the largest tick on a throwaway pool just big enough for it; returns the pool's bytes."
+def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineConfig,
+                     states: SequenceStates | None = None) -> int:
+    """Run the largest tick on a throwaway pool just big enough for it (a model with per-sequence states: in their
+    rows, given back after); returns the pool's bytes."""
     starts, lens = largest_tick(config)
     tables = [pages_needed(n, config.page_size) for n in lens]
     pool = KVPool(model.config, sum(tables), config.page_size, kv_dtype(config, model.dtype), model.device)
@@ -61,20 +67,27 @@ def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineC
     for i, n in enumerate(tables): page_tables[i, :n] = torch.arange(first[i], first[i] + n)
     batch = build_paged_batch(page_tables, starts, lens, config.page_size, model.device,
                               [0] * sum(lens), list(range(len(lens))))
-    model(batch.input_ids[None], batch.positions[None], PagedKV(pool, batch, backend), batch.logits_at,
-          run_layer=backend.run_layer)
+    kv, seqs = PagedKV(pool, batch, backend), []
+    if states is not None:  # throwaway prompts of their own, with no blocks to snapshot
+        seqs = [Sequence(-1 - i, "profile", [0] * n, 1, 0.0, config.page_size) for i, n in enumerate(lens)]
+        for s in seqs: s.block_hashes = []
+        kv = states.bind(kv, TickPlan([ScheduledChunk(s, 0, s.prompt_ids, True) for s in seqs]), list(range(len(seqs))))
+    try: model(batch.input_ids[None], batch.positions[None], kv, batch.logits_at, run_layer=backend.run_layer)
+    finally:
+        for row, s in enumerate(seqs): states.release(s, row)
     return sum(t.numel() * t.element_size() for t in pool.tensors())
 
 
 def profile_memory(model: CausalLM, backend: AttentionBackend, config: EngineConfig, weights_bytes: int,
-                   utilization: float, headroom: int = DEFAULT_GPU_HEADROOM_BYTES) -> MemoryProfile:
+                   utilization: float, headroom: int = DEFAULT_GPU_HEADROOM_BYTES,
+                   states: SequenceStates | None = None) -> MemoryProfile:
     "Measure a CUDA device's memory around one largest tick (as vLLM profiles before it sizes its KV cache)."
     device = model.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    pool_bytes = run_largest_tick(model, backend, config)
+    pool_bytes = run_largest_tick(model, backend, config, states)
     torch.cuda.synchronize(device)
     activations = max(0, torch.cuda.max_memory_allocated(device) - before - pool_bytes)
     torch.cuda.empty_cache()

@@ -8,10 +8,12 @@ import torch
 
 from _engine_runs import GREEDY, PAGE, check_invariants, prompts, run_engine
 from _hybrid_checkpoints import save_reference
+from helios.attention.base import choose_backend
 from helios.config import EngineConfig
 from helios.engine import Engine
+from helios.kv.budget import run_largest_tick
 from helios.kv.pool import page_bytes
-from helios.model.hybrid import StatePool, generate_hybrid
+from helios.model.hybrid import StatePool, generate_hybrid, hybrid_states
 from helios.tokenizer import load_tokenizer
 from helios.weights import load_model
 
@@ -174,3 +176,14 @@ def test_a_sequence_swapped_before_it_ran_keeps_its_snapshot(hybrid):
     later.swapped_pages = None          # it ended while swapped out
     states.release(later, None)
     assert states.take_snapshot_slot() is not None
+
+
+def test_a_gpus_memory_profile_runs_its_tick_in_the_states_rows(hybrid):
+    "Engine.create's profile on a GPU runs one largest tick: the linear layers in rows of the states, given back."
+    model, _ = hybrid
+    config = EngineConfig(page_size=PAGE, max_batch_size=4, prefill_chunk_size=32)
+    states = hybrid_states(model.config, config, config.max_batch_size, torch.float32, "cpu")
+    backend = choose_backend(model.config, torch.float32, "cpu").value
+    assert run_largest_tick(model, backend, config, states) > 0
+    assert states.num_held == 0 and not states.snapshots
+    states.check_invariants([])
