@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['DEFAULT_GPU_HEADROOM_BYTES', 'MemoryProfile', 'largest_tick', 'run_largest_tick', 'profile_memory']
+__all__ = ['DEFAULT_GPU_HEADROOM_BYTES', 'TickStates', 'MemoryProfile', 'largest_tick', 'run_largest_tick', 'profile_memory']
 
 # %% ../../nbs/11_engine.ipynb #91ff97a5
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -18,12 +18,17 @@ from ..config import EngineConfig
 from .batch import build_paged_batch
 from .pages import pages_needed
 from .pool import KVPool, kv_dtype
+from ..model.attention import KVStore
 from ..model.qwen3 import CausalLM
 from ..scheduler import ScheduledChunk, Sequence, TickPlan
 
-if TYPE_CHECKING: from helios.engine import SequenceStates  # defined below, in the engine's own module
-
 DEFAULT_GPU_HEADROOM_BYTES = 512 << 20  # kept back on a GPU: CUDA graphs' pool, the sampler's tensors, fragmentation
+
+
+class TickStates(Protocol):
+    "What the largest tick asks of a model's per-sequence states (the engine's `SequenceStates` are such)."
+    def bind(self, kv: PagedKV, plan: TickPlan, rows: list[int]) -> KVStore: ...
+    def release(self, seq: Sequence, row: int | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ def largest_tick(config: EngineConfig) -> tuple[list[int], list[int]]:
 # %% ../../nbs/11_engine.ipynb #7427a0f3
 @torch.inference_mode()
 def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineConfig,
-                     states: SequenceStates | None = None) -> int:
+                     states: TickStates | None = None) -> int:
     """Run the largest tick on a throwaway pool just big enough for it (a model with per-sequence states: in their
     rows, given back after); returns the pool's bytes."""
     starts, lens = largest_tick(config)
@@ -80,7 +85,7 @@ def run_largest_tick(model: CausalLM, backend: AttentionBackend, config: EngineC
 
 def profile_memory(model: CausalLM, backend: AttentionBackend, config: EngineConfig, weights_bytes: int,
                    utilization: float, headroom: int = DEFAULT_GPU_HEADROOM_BYTES,
-                   states: SequenceStates | None = None) -> MemoryProfile:
+                   states: TickStates | None = None) -> MemoryProfile:
     "Measure a CUDA device's memory around one largest tick (as vLLM profiles before it sizes its KV cache)."
     device = model.device
     torch.cuda.synchronize(device)
