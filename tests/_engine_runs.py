@@ -38,3 +38,14 @@ def check_invariants(engine: Engine):
     "The pool's invariants, and the per-sequence states' where the model keeps some."
     engine.pages.check_invariants()
     if engine.states is not None: engine.states.check_invariants(engine.scheduler.running)
+
+
+def check_profile_tick(model, states, config: EngineConfig):
+    "Engine.create's GPU memory profile tick, run here: in rows of the states, every one given back, no snapshot kept."
+    import torch
+    from helios.attention.base import choose_backend
+    from helios.kv.budget import run_largest_tick
+    backend = choose_backend(model.config, torch.float32, "cpu").value
+    assert run_largest_tick(model, backend, config, states) > 0
+    assert states.num_held == 0 and not states.snapshots
+    states.check_invariants([])

@@ -19,8 +19,7 @@ from ..families import RankSplit
 from ..kv.pool import kv_dtype
 from ..scheduler import Sequence
 from .attention import SequenceContext
-from .gemma3 import (GEMMA3, Gemma3Config, config_from_gguf_fields, config_from_hf, gemma3_tensor_parallel,
-                     sliding_window_attention)
+from .gemma3 import GEMMA3, Gemma3Config, config_from_gguf_fields, config_from_hf, gemma3_tensor_parallel
 from .hybrid import Run, StatePool
 
 # %% auto #0
@@ -87,18 +86,22 @@ class PagedWindowKV:
     index in the pool; a local layer's context is its row's ring (the tokens before the chunk) and the chunk's own."""
     def __init__(self, states: WindowStates, kv: PagedKV, runs: list[Run]):
         self.states, self.kv, self.batch, self.runs = states, kv, kv.batch, runs
-        self.starts = [c - n for c, n in zip(kv.batch.context_lens, kv.batch.query_lens)]  # tokens held before
+        starts = [c - n for c, n in zip(kv.batch.context_lens, kv.batch.query_lens)]  # tokens each row held before
         self.last_local = max(states.state_slot)
+        # the same in every local layer, so found once a tick: each run's ring places to read, and where to write
+        self.reads = [self.places(max(0, start - states.window + 1), start) for start in starts]
+        self.writes = [self.ring_writes(run, start) for run, start in zip(runs, starts)]
+
+    def places(self, a: int, b: int) -> torch.Tensor:
+        "The ring places [b - a] of positions a .. b - 1."
+        return torch.arange(a, b, device=self.states.k.device) % self.states.ring
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None,
                scale: float | None = None) -> torch.Tensor:
-        "A full layer: its pages. A local one: each sequence's queries over its window (q: [1, N, Hq, D])."
-        if layer_idx in self.states.kv_slot: return self.kv.attend(self.states.kv_slot[layer_idx], q, k, v, scale)
-        out = q.new_zeros(q.shape)
-        for seq in self.contexts(layer_idx, k, v):
-            new = slice(seq.start, seq.start + seq.length)
-            out[0, new] = sliding_window_attention(q[:, new], seq.keys[None], seq.values[None], self.states.window, scale)[0]
-        return out
+        "A full layer: its pages. A local layer reads its window through `contexts` (chapter 18's attention does)."
+        if layer_idx not in self.states.kv_slot:
+            raise ValueError(f"layer {layer_idx} keeps a window, not pages: read it through contexts")
+        return self.kv.attend(self.states.kv_slot[layer_idx], q, k, v, scale)
 
     def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         if layer_idx in self.states.kv_slot: return self.kv.store(self.states.kv_slot[layer_idx], k, v)
@@ -106,7 +109,7 @@ class PagedWindowKV:
 
     def attend_stored(self, layer_idx: int, q: torch.Tensor, seqs: list[int], scale: float | None = None) -> torch.Tensor:
         if layer_idx not in self.states.kv_slot:
-            raise ValueError(f"layer {layer_idx} keeps a window, not pages: it attends as it stores (attend, contexts)")
+            raise ValueError(f"layer {layer_idx} keeps a window, not pages: read it through contexts")
         return self.kv.attend_stored(self.states.kv_slot[layer_idx], q, seqs, scale)
 
     def lengths(self, num_tokens: int) -> list[tuple[int, int]]:
@@ -122,28 +125,27 @@ def contexts(self: PagedWindowKV, layer_idx: int, k: torch.Tensor | None = None,
     if k is None: raise ValueError(f"layer {layer_idx} keeps a window: its new keys come with the call")
     s, states = self.states.state_slot[layer_idx], self.states
     found = []
-    for run, start in zip(self.runs, self.starts):
-        before = torch.arange(max(0, start - states.window + 1), start, device=k.device) % states.ring
+    for run, before in zip(self.runs, self.reads):
         new = slice(run.first, run.first + run.num_tokens)
         keys = torch.cat([states.k[s, run.row, before], k[0, new].to(states.k.dtype)])
         values = torch.cat([states.v[s, run.row, before], v[0, new].to(states.v.dtype)])
         found.append(SequenceContext(0, run.first, run.num_tokens, keys, values))
-    for run, start, seq in zip(self.runs, self.starts, found): self.keep(s, run, start, seq)
+    for writes, seq in zip(self.writes, found):    # after every read: a long chunk overwrites what it read
+        for slot, at, part in writes:
+            states.k[s, slot, at], states.v[s, slot, at] = seq.keys[part], seq.values[part]
     if layer_idx == self.last_local: states.commit()  # every local layer has run: the snapshots are whole
     return found if seqs is None else [found[i] for i in seqs]
 
 
 @patch
-def keep(self: PagedWindowKV, s: int, run: Run, start: int, seq: SequenceContext):
-    "Into local layer s's rings: the row's newest tokens, and at each block end the run passes, its snapshot's window."
+def ring_writes(self: PagedWindowKV, run: Run, start: int) -> list[tuple[int, torch.Tensor, slice]]:
+    """(slot, ring places, part of the run's context) to write: the row's newest tokens, and at each block end the
+    run passes, the window before it into its snapshot slot."""
     states, end = self.states, start + run.num_tokens
-    first = max(0, start - states.window + 1)          # the position of seq.keys[0]
+    first = max(0, start - states.window + 1)          # the position of the context's first key
     ends = [(run.row, max(start, end - states.ring), end)]
     ends += [(slot, max(0, start + cut - states.window + 1), start + cut) for cut, slot in run.cuts.items()]
-    for slot, a, b in ends:                            # positions a .. b - 1 go to their places in slot's ring
-        at = torch.arange(a, b, device=seq.keys.device) % states.ring
-        states.k[s, slot, at] = seq.keys[a - first:b - first]
-        states.v[s, slot, at] = seq.values[a - first:b - first]
+    return [(slot, self.places(a, b), slice(a - first, b - first)) for slot, a, b in ends]
 
 # %% ../../nbs/21_window_memory.ipynb #35e41cba
 WINDOW_SNAPSHOTS_PER_ROWS = 4  # one prefix snapshot per this many runner rows (a window is larger than a linear state)

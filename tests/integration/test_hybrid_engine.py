@@ -6,12 +6,10 @@ no page, row or snapshot slot is left held."""
 import pytest
 import torch
 
-from _engine_runs import GREEDY, PAGE, check_invariants, prompts, run_engine
+from _engine_runs import GREEDY, PAGE, check_invariants, check_profile_tick, prompts, run_engine
 from _hybrid_checkpoints import save_reference
-from helios.attention.base import choose_backend
 from helios.config import EngineConfig
 from helios.engine import Engine
-from helios.kv.budget import run_largest_tick
 from helios.kv.pool import page_bytes
 from helios.model.hybrid import StatePool, generate_hybrid, hybrid_states
 from helios.tokenizer import load_tokenizer
@@ -183,7 +181,4 @@ def test_a_gpus_memory_profile_runs_its_tick_in_the_states_rows(hybrid):
     model, _ = hybrid
     config = EngineConfig(page_size=PAGE, max_batch_size=4, prefill_chunk_size=32)
     states = hybrid_states(model.config, config, config.max_batch_size, torch.float32, "cpu")
-    backend = choose_backend(model.config, torch.float32, "cpu").value
-    assert run_largest_tick(model, backend, config, states) > 0
-    assert states.num_held == 0 and not states.snapshots
-    states.check_invariants([])
+    check_profile_tick(model, states, config)

@@ -10,11 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from _engine_runs import GREEDY, PAGE, check_invariants, prompts, run_engine
+from _engine_runs import GREEDY, PAGE, check_invariants, check_profile_tick, prompts, run_engine
 from helios.config import EngineConfig
-from helios.attention.base import choose_backend
 from helios.engine import Engine, budget_left_by
-from helios.kv.budget import run_largest_tick
 from helios.kv.pages import pages_needed
 from helios.kv.pool import num_pages_for_budget, page_bytes
 from helios.model.gemma3 import FULL, SLIDING, config_from_hf, gemma3_model
@@ -181,7 +179,4 @@ def test_a_gpus_memory_profile_runs_its_tick_in_the_states_rows(tiny):
     apart, _, _ = tiny
     config = EngineConfig(page_size=PAGE, max_batch_size=4, prefill_chunk_size=32)
     states = window_states(apart.config, config, config.max_batch_size, torch.float32, "cpu")
-    backend = choose_backend(apart.config, torch.float32, "cpu").value
-    assert run_largest_tick(apart, backend, config, states) > 0
-    assert states.num_held == 0 and not states.snapshots
-    states.check_invariants([])
+    check_profile_tick(apart, states, config)
