@@ -1,4 +1,4 @@
-"""One decode-shaped product with Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 blocks against the bfloat16 and float32 matmuls (appendix 92).
+"""One decode-shaped product with Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 blocks and int8 per channel against the bfloat16 and float32 matmuls (appendix 92).
 
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py            # prints a markdown table
     flock /tmp/helios-cpu.lock python scripts/q8_bench.py --out benchmarks/results/q8_0/xeon-amx.md
@@ -7,7 +7,7 @@
 
 Shapes (outputs x inputs): 6144 x 2048 (a Qwen3-1.7B gate/up product) and 1536 x 576 (SmolLM2's); rows: 1 and 16 (a
 decode tick alone and batched); with --gemma, 6144 x 2048 and Gemma 3 270M's MLP products 2048 x 640 and 640 x 2048;
---shapes names others. Contenders: `Q8_0Linear` in every variant this CPU runs, `PackedLinear` on random Q4_K, Q5_K,
+--shapes names others, --rows other row counts. Contenders (--only keeps some): `Int8Linear` (c-int8) and `Q8_0Linear` in every variant this CPU runs, `PackedLinear` on random Q4_K, Q5_K,
 Q6_K and Q5_0 blocks (the types whose block fits the inputs) in every variant, `CBf16Linear` in every bfloat16 variant
 it runs, the float16-weight `CHalfLinear`, and float32 (`torch.nn.functional.linear`, oneDNN). Each time is the
 median of REPEATS calls after a warm-up; the contenders take turns over ROUNDS rounds (interleaved, so that a change
@@ -66,10 +66,15 @@ def random_blocks(kind: str, n: int, k: int) -> torch.Tensor:
 
 def contenders(weight: torch.Tensor) -> dict[str, tuple[object, int]]:
     "name -> (a callable on x, the bytes of weights it reads)."
-    from helios.kernels.build import KernelUnavailable, native_bf16, q8_variants
-    from helios.kernels.matmul import (CBf16Linear, CHalfLinear, PackedLinear, Q8_0Linear, matmul_bf16_kernel,
-                                       matmul_kernel, matmul_kquants_kernels, matmul_q8_0_kernel)
+    from helios.kernels.build import KernelUnavailable, int8_variants, native_bf16, q8_variants
+    from helios.kernels.matmul import (CBf16Linear, CHalfLinear, Int8Linear, PackedLinear, Q8_0Linear,
+                                       matmul_bf16_kernel, matmul_int8_kernel, matmul_kernel, matmul_kquants_kernels,
+                                       matmul_q8_0_kernel)
     found = {}
+    for variant in int8_variants():
+        try: linear = Int8Linear(weight, None, matmul_int8_kernel(variant=variant))
+        except KernelUnavailable: continue
+        found[f"int8 per channel, {linear.matmul.isa}"] = linear, linear.packed.numel()
     for variant in q8_variants():
         linear = Q8_0Linear(weight, None, matmul_q8_0_kernel(variant=variant))
         found[f"Q8_0 packed, {linear.matmul.isa}"] = linear, linear.packed.numel()
@@ -96,7 +101,10 @@ def main() -> None:
     parser.add_argument("--out", help="also write the table to this markdown file")
     parser.add_argument("--gemma", action="store_true", help="Gemma 3 270M's MLP shapes beside 6144 x 2048")
     parser.add_argument("--shapes", help="products to time instead, as OUTxIN,OUTxIN (e.g. 2048x2048,2048x6144)")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows of activations to time, e.g. 1,16,256")
+    parser.add_argument("--only", help="time only the contenders whose name holds one of these, split by semicolons, e.g. 'int8 per channel, AMX;bfloat16'")
     args = parser.parse_args()
+    rows_timed = tuple(int(r) for r in args.rows.split(","))
     shapes = GEMMA_SHAPES if args.gemma else SHAPES
     if args.shapes: shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     torch.manual_seed(0)
@@ -105,11 +113,12 @@ def main() -> None:
     for n_out, n_in in shapes:
         weight = torch.randn(n_out, n_in) * 0.05
         found = contenders(weight)
-        inputs = {rows: torch.randn(rows, n_in) for rows in ROWS}
-        times = {(name, rows): [] for name in found for rows in ROWS}
+        if args.only: found = {k: v for k, v in found.items() if any(part in k for part in args.only.split(";"))}
+        inputs = {rows: torch.randn(rows, n_in) for rows in rows_timed}
+        times = {(name, rows): [] for name in found for rows in rows_timed}
         for _ in range(ROUNDS):
             for name, (fn, _) in found.items():
-                for rows in ROWS: times[name, rows].append(median_ms(fn, inputs[rows]))
+                for rows in rows_timed: times[name, rows].append(median_ms(fn, inputs[rows]))
         for (name, rows), ms in times.items():
             nbytes, mid = found[name][1], min(ms)
             lines.append(f"| {n_out} x {n_in} | {rows} | {name} | {nbytes / 1e6:.2f} | {mid:.3f} | "

@@ -1,4 +1,4 @@
-"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), matmuls on GGUF's Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q4_0 and Q4_1 blocks with int8 products, and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c`, `c-bf16`, `c-q8_0` and `c-packed` matmuls.
+"""The hand-written C behind Helios's CPU defaults: decode attention that reads the KV pool's pages in place, the rest of a decoder layer (norms, RoPE with the K/V write, SiLU), a float16-weight matmul, a bfloat16 matmul on AMX tiles (the default where the CPU multiplies bfloat16 natively), matmuls on GGUF's Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q4_0 and Q4_1 blocks with int8 products, an int8 matmul for any checkpoint quantized at load (AMX-INT8 tiles where the CPU has them), and a whole decoder layer as one call; how they are built, loaded and checked, and how they plug into the engine as the `c` attention and the `c`, `c-bf16`, `c-q8_0`, `c-packed` and `c-int8` matmuls.
 
 Docs: https://helios-engine.github.io/helios/kernels.html.md"""
 
@@ -47,9 +47,11 @@ def c_compiler() -> list[str] | None:
 
 # %% auto #0
 __all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
-           'MATMUL_Q8_SOURCES', 'Q8_VARIANTS', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags',
-           'cpu_isa', 'isa_flags', 'compile_flags', 'native_bf16', 'bf16_variant', 'q8_variants', 'q8_variant',
-           'translation_unit', 'source_files', 'build_library', 'check_whole_library', 'build_kernels', 'load_built']
+           'MATMUL_Q8_SOURCES', 'Q8_VARIANTS', 'MATMUL_INT8_SOURCES', 'INT8_VARIANTS', 'KernelUnavailable',
+           'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags', 'native_bf16',
+           'bf16_variant', 'variants_run', 'variant_chosen', 'q8_variants', 'q8_variant', 'translation_unit',
+           'source_files', 'build_library', 'check_whole_library', 'build_kernels', 'load_built', 'int8_variants',
+           'int8_variant']
 
 # %% ../../nbs/92_kernels.ipynb #c3a8cc4c
 ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
@@ -135,21 +137,31 @@ Q8_VARIANTS = {  # its variants, widest first: the ISA variant each is built on,
 _Q8_NEEDS = {"avx512-vnni": _ISA_NEEDS["avx512"] | {"avx512_vnni"}, "avx2": _ISA_NEEDS["avx2"], "generic": set()}
 
 
+def variants_run(needs: dict[str, set[str]], flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    "The variants (name -> the flags each needs, widest first) this CPU runs: what /proc/cpuinfo lists (None: read it)."
+    flags = cpu_flags() if flags is None else flags
+    return tuple(v for v, need in needs.items() if not need or (flags is not None and need <= flags))
+
+
+def variant_chosen(variable: str, variants: dict, runs: tuple[str, ...], requested: str | None = None) -> str:
+    """The widest variant of `runs`, or the one $variable (or `requested`) names, to compare variants on one machine;
+    a name that is not a variant is a ValueError, one the CPU cannot run is refused."""
+    requested = requested or os.environ.get(variable) or runs[0]
+    if requested not in variants:
+        raise ValueError(f"{variable} must be one of {', '.join(variants)}, got {requested!r}")
+    if requested not in runs: raise KernelUnavailable(f"{variable}={requested}, but this CPU runs {', '.join(runs)}")
+    return requested
+
+
 def q8_variants(flags: frozenset[str] | None = None) -> tuple[str, ...]:
     "The Q8_0 variants this CPU runs, widest first: what /proc/cpuinfo lists (None: read it; no file: generic)."
-    flags = cpu_flags() if flags is None else flags
-    return tuple(v for v, needs in _Q8_NEEDS.items() if not needs or (flags is not None and needs <= flags))
+    return variants_run(_Q8_NEEDS, flags)
 
 
 def q8_variant(flags: frozenset[str] | None = None, requested: str | None = None) -> str:
     """The Q8_0 matmul's variant for this CPU: the widest of q8_variants. $HELIOS_Q8_ISA (or `requested`) picks a
     narrower one, to compare variants on one machine; one the CPU cannot run is refused."""
-    runs = q8_variants(flags)
-    requested = requested or os.environ.get("HELIOS_Q8_ISA") or runs[0]
-    if requested not in Q8_VARIANTS:
-        raise ValueError(f"HELIOS_Q8_ISA must be one of {', '.join(Q8_VARIANTS)}, got {requested!r}")
-    if requested not in runs: raise KernelUnavailable(f"HELIOS_Q8_ISA={requested}, but this CPU runs {', '.join(runs)}")
-    return requested
+    return variant_chosen("HELIOS_Q8_ISA", Q8_VARIANTS, q8_variants(flags), requested)
 
 # %% ../../nbs/92_kernels.ipynb #0b88c40b
 def translation_unit(sources: tuple[str, ...]) -> str:
@@ -264,3 +276,24 @@ def load_built(build, load):
         return load(check_whole_library(library))
     except OSError as e:
         raise KernelUnavailable(f"could not load {library}: {e}")
+
+# %% ../../nbs/92_kernels.ipynb #4d1d07f2
+MATMUL_INT8_SOURCES = ("matmul_int8.c",)  # the int8 matmul (per-channel weights, per-row activations), a library of its own
+INT8_VARIANTS = {  # its variants, widest first: the ISA variant each is built on, and what it adds to its flags
+    "amx": ("avx512", ("-mavx512vnni", "-mamx-tile", "-mamx-int8", "-DINT8_AMX")),
+    "avx512-vnni": ("avx512", ("-mavx512vnni", "-DINT8_VNNI")),
+    "avx2": ("avx2", ()),
+    "generic": ("generic", ()),
+}
+_INT8_NEEDS = {"amx": _Q8_NEEDS["avx512-vnni"] | {"amx_tile", "amx_int8"}, **_Q8_NEEDS}
+
+
+def int8_variants(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    "The int8 matmul's variants this CPU runs, widest first: what /proc/cpuinfo lists (None: read it; no file: generic)."
+    return variants_run(_INT8_NEEDS, flags)
+
+
+def int8_variant(flags: frozenset[str] | None = None, requested: str | None = None) -> str:
+    """The int8 matmul's variant for this CPU: the widest of int8_variants. $HELIOS_INT8_ISA (or `requested`) picks a
+    narrower one, to compare variants on one machine; one the CPU cannot run is refused."""
+    return variant_chosen("HELIOS_INT8_ISA", INT8_VARIANTS, int8_variants(flags), requested)

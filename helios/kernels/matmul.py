@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'MATMUL_KQUANT_SOURCES', 'KQUANT_FUNCTIONS', 'PACKED_TYPES', 'C_PACKED_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul', 'matmul_kquants_kernels', 'packed_kernels', 'PackedLinear', 'BlocksLinear', 'packed_linear', 'file_rows', 'linear_parts', 'packed_segments', 'replace_packed', 'c_packed_matmul']
+__all__ = ['C_MATMUL', 'C_BF16_MATMUL', 'Q8_BLOCK', 'Q8_BLOCK_BYTES', 'C_Q8_0_MATMUL', 'MATMUL_KQUANT_SOURCES', 'KQUANT_FUNCTIONS', 'PACKED_TYPES', 'C_PACKED_MATMUL', 'INT8_PANEL', 'INT8_KSTEP', 'C_INT8_MATMUL', 'weight_panels', 'c_function', 'matmul_kernel', 'CHalfLinear', 'c_matmul', 'bf16_panels', 'require_tiles', 'matmul_bf16_kernel', 'CBf16Linear', 'c_bf16_matmul', 'q8_0_blocks', 'matmul_q8_0_kernel', 'Q8_0Linear', 'c_q8_0_matmul', 'matmul_kquants_kernels', 'packed_kernels', 'PackedLinear', 'BlocksLinear', 'packed_linear', 'file_rows', 'linear_parts', 'packed_segments', 'replace_packed', 'c_packed_matmul', 'int8_quantize', 'int8_packed', 'int8_weights', 'matmul_int8_kernel', 'int8_reference', 'Int8Linear', 'c_int8_matmul']
 
 # %% ../../nbs/92_kernels.ipynb #k92030aa
 import ctypes
@@ -96,6 +96,14 @@ def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, 16, kp // 2, 2).transpose(1, 2).contiguous()
 
 
+def require_tiles(lib: ctypes.CDLL, init: str, without: str) -> None:
+    """Call a library's `init`, which asks Linux for the AMX tiles where the library was built for them (else it
+    does nothing); KernelUnavailable naming the setting (`without`) that runs a variant without them if refused."""
+    if c_function(lib, init, restype=ctypes.c_int)() != 0:
+        raise KernelUnavailable(f"Linux did not grant this process the AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM); "
+                                f"{without} runs without them")
+
+
 def matmul_bf16_kernel(cache_dir: Path | None = None, variant: str | None = None):
     """The C bfloat16 matmul in `variant` (None: bf16_variant's choice for this CPU), as a ctypes function with the
     signature of matmul_f16 whose `isa` names the variant (AMX, AVX512-BF16); KernelUnavailable saying why not."""
@@ -103,9 +111,7 @@ def matmul_bf16_kernel(cache_dir: Path | None = None, variant: str | None = None
     lib = load_built(lambda rebuild: build_library(MATMUL_BF16_SOURCES, BF16_VARIANTS[variant], cache_dir, rebuild,
                                                    require_openmp=True, isa="avx512"),
                      lambda library: ctypes.CDLL(str(library)))
-    if c_function(lib, "matmul_bf16_init", restype=ctypes.c_int)() != 0:
-        raise KernelUnavailable("Linux did not grant this process the AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM); "
-                                "HELIOS_BF16_ISA=avx512-bf16 runs without them")
+    require_tiles(lib, "matmul_bf16_init", "HELIOS_BF16_ISA=avx512-bf16")
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     matmul = c_function(lib, "matmul_bf16", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
     matmul.isa = c_function(lib, "matmul_bf16_isa", restype=ctypes.c_char_p)().decode()
@@ -346,3 +352,89 @@ def c_packed_matmul(device: torch.device, exact: bool) -> LinearFactory:
 
 
 C_PACKED_MATMUL = Implementation("matmul", "c-packed", c_packed_matmul, None, "C, GGUF blocks kept packed")
+
+# %% ../../nbs/92_kernels.ipynb #c7f128c2
+from .build import INT8_VARIANTS, MATMUL_INT8_SOURCES, int8_variant
+
+INT8_PANEL, INT8_KSTEP = 16, 64  # outputs per panel, k per step: matmul_int8.c's PANEL and KSTEP
+
+
+def int8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., K] float -> (int8 values [..., K], float32 scales [...]): per row, scale max|x| / 127 and values
+    x * (127 / max|x|) rounded to nearest, ties to even, as matmul_int8.c quantizes its activations (a row of zeros:
+    scale 0; a row with a NaN or an infinity: values 0, scale NaN)."""
+    x = x.detach().float()
+    finite = x.isfinite().all(-1)
+    x = torch.where(finite[..., None], x, 0)
+    amax = x.abs().amax(-1)
+    inverse = torch.full_like(amax, 127) / amax  # a true division: `127 / amax` multiplies by amax's reciprocal
+    values = torch.round(x * torch.where(amax == 0, 0, inverse)[..., None]).to(torch.int8)
+    return values, torch.where(finite, amax / 127, torch.nan)
+
+
+def int8_packed(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] float weight -> uint8 bytes: int8 panels [ceil(N / 16), Kp / 4, 16, 4] (Kp = K rounded up to 64, pads
+    zero), then float32 scales and int32 sums for ceil(N / 16) * 16 outputs (matmul_int8.c's layout)."""
+    n, k = weight.shape
+    if k * 127 * 127 >= 2**31: raise ValueError(f"{k} inputs: the int8 matmul's int32 sums hold at most 133,143")
+    outputs, kp = -(-n // INT8_PANEL) * INT8_PANEL, -(-k // INT8_KSTEP) * INT8_KSTEP
+    values, scales = int8_quantize(weight)
+    padded = torch.zeros(outputs, kp, dtype=torch.int8)
+    padded[:n, :k] = values
+    panels = padded.view(-1, INT8_PANEL, kp // 4, 4).transpose(1, 2).contiguous()
+    scale_rows = torch.zeros(outputs)
+    scale_rows[:n] = scales
+    sums = padded.to(torch.int32).sum(-1, dtype=torch.int32)
+    return torch.cat([panels.view(-1).view(torch.uint8), scale_rows.view(torch.uint8), sums.view(torch.uint8)])
+
+
+def int8_weights(packed: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "The int8 values [N, K] and float32 scales [N] that int8_packed laid out in `packed`."
+    outputs, kp = -(-n // INT8_PANEL) * INT8_PANEL, -(-k // INT8_KSTEP) * INT8_KSTEP
+    panels = packed[:outputs * kp].view(torch.int8).view(-1, kp // 4, INT8_PANEL, 4)
+    values = panels.transpose(1, 2).reshape(outputs, kp)[:n, :k]
+    return values, packed[outputs * kp:outputs * (kp + 4)].view(torch.float32)[:n]
+
+
+# %% ../../nbs/92_kernels.ipynb #8bd51ed4
+def matmul_int8_kernel(cache_dir: Path | None = None, variant: str | None = None):
+    """The C int8 matmul in `variant` (None: int8_variant's choice for this CPU), as a ctypes function with the
+    signature of matmul_f16 whose `isa` names the variant (AMX, AVX512-VNNI, AVX2, generic); KernelUnavailable saying
+    why not."""
+    isa, flags = INT8_VARIANTS[variant or int8_variant()]
+    lib = load_built(lambda rebuild: build_library(MATMUL_INT8_SOURCES, flags, cache_dir, rebuild, require_openmp=True,
+                                                   isa=isa),
+                     lambda library: ctypes.CDLL(str(library)))
+    require_tiles(lib, "matmul_int8_init", "HELIOS_INT8_ISA=avx512-vnni")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    matmul = c_function(lib, "matmul_int8", ptr, i64, i64, ptr, i64, ptr, ctypes.c_int)
+    matmul.isa = c_function(lib, "matmul_int8_isa", restype=ctypes.c_char_p)().decode()
+    return matmul
+
+
+def int8_reference(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """[M, K] x times the int8 weight packed for n outputs, as matmul_int8 gives it, computed in PyTorch: integer sums in
+    int64, scaled in float32 as the kernel does (the exact reference the kernels are checked against)."""
+    qx, sx = int8_quantize(x)
+    qw, sw = int8_weights(packed, n, x.shape[-1])
+    sums = qx.to(torch.int64) @ qw.to(torch.int64).T
+    return sums.float() * (sx[:, None] * sw[None, :])
+
+
+class Int8Linear(CHalfLinear):
+    "A Linear whose weight is int8 per output channel (1 byte a weight and a scale a row), multiplied by the C kernel."
+    pack = staticmethod(int8_packed)  # uint8 [ceil(out / 16) * 16 * (Kp + 8)]: panels, scales, sums
+
+# %% ../../nbs/92_kernels.ipynb #74080ba9
+def c_int8_matmul(device: torch.device, exact: bool) -> LinearFactory:
+    """The `c-int8` matmul: every linear quantized at load to int8 per output channel, multiplied by `matmul_int8`
+    with each row of activations quantized to int8 (AMX, AVX512-VNNI, AVX2 or portable C); KernelUnavailable where
+    the kernel cannot build."""
+    if exact: raise NotApplicable("the int8 matmul quantizes the weights to 8 bits, and they must stay as loaded")
+    if torch.device(device).type != "cpu": raise NotApplicable(f"the C matmul runs on the CPU, not {device}")
+    matmul = matmul_int8_kernel()
+    return LinearFactory(lambda weight, bias=None: Int8Linear(weight, bias, matmul), torch.int8,
+                         f"C, int8 weights per channel, int8 activations per token, {matmul.isa} on this CPU")
+
+
+C_INT8_MATMUL = Implementation("matmul", "c-int8", c_int8_matmul, None, "C, int8 per channel and per token")

@@ -129,7 +129,7 @@ def test_no_compiler_falls_back_to_fbgemm_or_fails_when_asked(tmp_path, monkeypa
     with pytest.raises(KernelUnavailable, match="no C compiler"):
         choose_matmul("c")
     assert choose_matmul("torch").value.make is None  # PyTorch's own nn.Linear
-    with pytest.raises(ValueError, match="matmul must be one of auto, c, c-bf16, (c-packed, )?(c-q8_0, )?fbgemm, onednn, torch, got 'fast'"):
+    with pytest.raises(ValueError, match="matmul must be one of auto, c, c-bf16, (c-int8, )?(c-packed, )?(c-q8_0, )?fbgemm, onednn, torch, got 'fast'"):
         choose_matmul("fast")
 
 

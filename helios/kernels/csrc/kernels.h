@@ -38,6 +38,9 @@ void matmul_bf16(const float *x, int64_t M, int64_t K, const uint16_t *panels, i
    products (AVX512-VNNI, AVX2 or portable C); handed to a layer in place of a matmul_fn (its bytes for panels) */
 void matmul_q8_0(const float *x, int64_t M, int64_t K, const uint8_t *blocks, int64_t N, float *y, int threads);
 void quantize_rows_q8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, int threads);
+/* matmul_int8.c, a library of its own: weights int8 per output row, activations int8 per row, int32 sums (AMX,
+   AVX512-VNNI or portable C); handed to a layer in place of a matmul_fn (its packed bytes for panels) */
+void matmul_int8(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *y, int threads);
 
 /* decoder_layer.c */
 struct layer_weights {                    /* one decoder layer, set once */

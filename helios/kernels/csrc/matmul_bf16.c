@@ -9,12 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef BF16_AMX
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "kernels.h"
+#include "panels.h"
+#ifdef BF16_AMX
+#include "amx.h"
+#endif
 
 #define PANEL 16  /* outputs per panel */
 #define KSTEP 32  /* k per step: 16 pairs, a tile's row of 64 bytes */
@@ -41,31 +41,11 @@ static void to_bf16(const float *x, int64_t M, int64_t K, int64_t rows, uint16_t
 }
 
 #ifdef BF16_AMX
-#define ARCH_GET_XCOMP_PERM 0x1022
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Linux hands a process the AMX registers' state only when asked: 0 once it has them, -1 if it refuses. */
-int matmul_bf16_init(void) {
-    unsigned long features = 0;
-    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)) return -1;
-    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &features)) return -1;
-    return features & (1ul << XFEATURE_XTILEDATA) ? 0 : -1;
-}
-
-struct tile_config {  /* the 64 bytes LDTILECFG reads */
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-};
+/* Linux hands a process the AMX registers' state only when asked (amx.h): 0 once it has them, -1 if it refuses. */
+int matmul_bf16_init(void) { return amx_request(); }
 
 /* Tiles 0-3: sums C[r][c] (16 x 16 floats); 4-5: activations A[r] (16 rows x 32 bfloat16); 6-7: weights B[c]
-   (16 pairs x 16 outputs x 2). Every tile is 16 rows of 64 bytes. */
-static void configure_tiles(void) {
-    struct tile_config config = {.palette = 1};
-    for (int t = 0; t < 8; t++) config.bytes_per_row[t] = 64, config.rows[t] = 16;
-    _tile_loadconfig(&config);
-}
+   (16 pairs x 16 outputs x 2); amx.h's configure_tiles gives each 16 rows of 64 bytes. */
 
 /* Copy the first `rows` x `cols` floats of a [16, 16] block to y (row stride ldy). */
 static void copy_block(const float *block, int rows, int cols, float *y, int64_t ldy) {
@@ -124,13 +104,10 @@ static void multiply(const uint16_t *xb, int64_t M, int64_t Kp, const uint16_t *
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < pairs; q++) {
             const int64_t p = 2 * q;
-            const int two_panels = p + 1 < count;
-            const int cols0 = N - p * PANEL < PANEL ? (int)(N - p * PANEL) : PANEL;
-            const int cols1 = !two_panels ? 0 : N - (p + 1) * PANEL < PANEL ? (int)(N - (p + 1) * PANEL) : PANEL;
+            const int two_panels = p + 1 < count, cols0 = panel_outputs(N, p), cols1 = panel_outputs(N, p + 1);
             const uint16_t *a = panels + p * Kp * PANEL, *b = a + Kp * PANEL;
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
-                const int64_t left = M - m0;
-                const int rows0 = left < 16 ? (int)left : 16, rows1 = left <= 16 ? 0 : left < 32 ? (int)left - 16 : 16;
+                const int rows0 = block_rows(M, m0), rows1 = block_rows(M, m0 + 16);
                 tile_block(xb + m0 * Kp, Kp, a, b, rows1 > 0, two_panels, y + m0 * N + p * PANEL, N, rows0, rows1,
                            cols0, cols1);
             }
@@ -180,8 +157,7 @@ static void multiply(const uint16_t *xb, int64_t M, int64_t Kp, const uint16_t *
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t q = 0; q < pairs; q++) {
         const int64_t p = 2 * q;
-        const int cols0 = N - p * PANEL < PANEL ? (int)(N - p * PANEL) : PANEL;
-        const int cols1 = p + 1 >= count ? 0 : N - (p + 1) * PANEL < PANEL ? (int)(N - (p + 1) * PANEL) : PANEL;
+        const int cols0 = panel_outputs(N, p), cols1 = panel_outputs(N, p + 1);
         const uint16_t *a = panels + p * Kp * PANEL, *b = cols1 ? a + Kp * PANEL : NULL;
         for (int64_t i = 0; i < M;) {
             const int64_t left = M - i;
@@ -206,6 +182,7 @@ const char *matmul_bf16_isa(void) { return "AVX512-BF16"; }
 /* y [M, N] = x [M, K] times the transpose of the weight [N, K] held as bfloat16 panels (above). The signature of
    matmul_f16, so that a decoder layer (decoder_layer.c) can be handed either. */
 void matmul_bf16(const float *x, int64_t M, int64_t K, const uint16_t *panels, int64_t N, float *y, int threads) {
+    if (M == 0) return;
     const int64_t Kp = padded_k(K), rows = (M + 15) / 16 * 16;  /* whole tiles of rows: the pad is zeros */
     uint16_t *xb = malloc(sizeof(uint16_t) * rows * Kp);
     if (!xb) {  /* a few MB at most: without them no product can be given, and a wrong one must not be */

@@ -1,0 +1,68 @@
+"""Which rounding of the `c-int8` matmul moves SmolLM2's next tokens: its activations per token, or its weights per output
+channel, each alone and per kind of linear (appendix 92, "What int8 buys, and costs").
+
+    flock /tmp/helios-cpu.lock python scripts/int8_rounding.py [--positions 256] [--model PATH]
+
+The model runs with exact float32 weights (`dtype="float32"`, oneDNN's `PackedLinear`). Each row of the table rounds one
+thing the way matmul_int8.c does, in PyTorch (`int8_quantize`, then back to floats), and leaves the rest exact: the
+inputs of every linear (or of one kind: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head) per token, or their weights
+per output channel. Agreement with the unrounded model is measured as scripts/bf16_accuracy.py measures it.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bf16_accuracy import agreement, machine, next_token_logprobs, windows
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    "x [..., K] rounded to int8 per row as the kernel rounds its activations, back in float32."
+    from helios.kernels.matmul import int8_quantize
+    values, scales = int8_quantize(x)
+    return values.float() * scales[..., None]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--positions", type=int, default=256)
+    parser.add_argument("--model", default=None, help="a model LLM() takes (default: the embedded SmolLM2-135M)")
+    args = parser.parse_args()
+    from helios import LLM
+    from helios.linears import PackedLinear
+    exact_forward = PackedLinear.forward
+
+    def forward(self, x):  # the input rounded per token where this linear is marked
+        return exact_forward(self, rounded(x) if self.round_inputs else x)
+
+    PackedLinear.forward = forward
+    with LLM(args.model, dtype="float32", quiet=True, kv_cache_bytes=1 << 30, max_batch_size=32) as llm:
+        linears = {n: m for n, m in llm.model.named_modules() if isinstance(m, PackedLinear)}
+        weights = {}  # each linear's float32 weight, read back through its packed form
+        for name, m in linears.items():
+            m.round_inputs = False
+            weights[name] = torch.ops.mkldnn._linear_pointwise(torch.eye(m.in_features), m.packed, None, "none", [],
+                                                               "").T.contiguous()
+        exact_packed = {name: m.packed for name, m in linears.items()}
+        prompts = windows(llm.tokenizer, args.positions)
+        reference, _ = next_token_logprobs(llm, prompts)
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in linears})
+        rows = [("activations, every linear", set(), set(kinds)), ("weights, every linear", set(kinds), set())]
+        rows += [(f"activations, {k}", set(), {k}) for k in kinds] + [(f"weights, {k}", {k}, set()) for k in kinds]
+        print(f"{args.model or 'SmolLM2-135M'}, {args.positions} positions; {machine()}\n")
+        print("| rounded to int8 | top-1 | max \\|Δ log p\\| | mean |\n| --- | --- | --- | --- |")
+        for label, weight_kinds, input_kinds in rows:
+            for name, m in linears.items():
+                kind = name.rsplit(".", 1)[-1]
+                m.round_inputs = kind in input_kinds
+                m.packed = (torch.ops.mkldnn._reorder_linear_weight(rounded(weights[name]), 16)
+                            if kind in weight_kinds else exact_packed[name])
+            a = agreement(reference, *next_token_logprobs(llm, prompts))
+            print(f"| {label} | {a.top1}/{a.positions} ({100 * a.top1 / a.positions:.1f}%) | {a.max_gap:.3f} | "
+                  f"{a.mean_gap:.4f} |", flush=True)
+    PackedLinear.forward = exact_forward
+
+
+if __name__ == "__main__":
+    main()
