@@ -37,6 +37,14 @@ def main() -> None:
         return exact_forward(self, rounded(x) if self.round_inputs else x)
 
     PackedLinear.forward = forward
+    try:
+        measure(LLM, PackedLinear, args)
+    finally:
+        PackedLinear.forward = exact_forward
+
+
+def measure(LLM, PackedLinear, args) -> None:
+    "Print the table: the model loaded once, each row's rounding set on its linears before the row's pass."
     with LLM(args.model, dtype="float32", quiet=True, kv_cache_bytes=1 << 30, max_batch_size=32) as llm:
         linears = {n: m for n, m in llm.model.named_modules() if isinstance(m, PackedLinear)}
         weights = {}  # each linear's float32 weight, read back through its packed form
@@ -61,7 +69,6 @@ def main() -> None:
             a = agreement(reference, *next_token_logprobs(llm, prompts))
             print(f"| {label} | {a.top1}/{a.positions} ({100 * a.top1 / a.positions:.1f}%) | {a.max_gap:.3f} | "
                   f"{a.mean_gap:.4f} |", flush=True)
-    PackedLinear.forward = exact_forward
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 /* y = x W^T with W quantized at load to int8, one scale per output row of W, and each row of x quantized to int8 on
    the fly with one scale of its own: the `c-int8` matmul, per-channel int8 weights with dynamic per-token int8
-   activations (vLLM's W8A8 on CPUs). A row's scale is max|x| / 127 and its values x * (127 / max|x|) rounded to
-   nearest, ties to even. Every product is an integer; each output's K products are summed exactly in int32 and
-   scaled once, y = sum * (row scale * output scale) in float32 (exact while K * 127 * 127 fits int32: K < 133,000;
-   the VNNI variant's sums of x + 128 may wrap past that, and its correction wraps alike). Four variants, one per build: AMX tiles (TDPBSSD,
-   16 x 16 outputs a step, -DINT8_AMX), AVX512-VNNI (VPDPBUSD on x + 128, less 128 times the output's weight sum,
-   -DINT8_VNNI), and portable C (built for AVX2 or for any CPU). An integer sum is the same in any order, so every
-   variant gives the same bits, and a row's outputs never depend on the rows beside it. */
+   activations (the scheme of vLLM's int8 W8A8 checkpoints). A row's scale is max|x| / 127 and its values
+   x * (127 / max|x|) rounded to nearest, ties to even. Every product is an integer; each output's K products are
+   summed exactly in int32 and scaled once, y = sum * (row scale * output scale) in float32 (exact while
+   K * 127 * 127 fits int32: K < 133,000; the VNNI variant's sums of x + 128 may wrap past that, and its correction
+   wraps alike). Variants, one per build: AMX tiles (TDPBSSD, 16 x 16 outputs a step, -DINT8_AMX), AVX512-VNNI
+   (VPDPBUSD on x + 128, less 128 times the output's weight sum, -DINT8_VNNI), and portable C (built for AVX2 or for
+   any CPU). An integer sum is the same in any order, so every variant gives the same bits, and a row's outputs never
+   depend on the rows beside it. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
