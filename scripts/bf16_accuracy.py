@@ -4,6 +4,7 @@
     python scripts/bf16_accuracy.py --positions 64  # a quick look
     python scripts/bf16_accuracy.py --model gemma3-270m   # Gemma 3 270M (pip install 'helios[gemma3]')
     python scripts/bf16_accuracy.py --model gemma3-270m --matmul c-packed --matmul c-q8_0   # only these matmuls
+    python scripts/bf16_accuracy.py --attention c-blocked-bf16   # this attention, with float32 weights and auto's matmul
 
 Each position is one prompt: a 64-token window of real English prose (the standard library's docstrings), the windows
 `STRIDE` tokens apart. Every mode gives its next-token log-probabilities through the engine (paged KV, C kernels, its
@@ -109,6 +110,8 @@ def main():
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--model", default=None, help="a model LLM() takes (default: the embedded SmolLM2-135M)")
     parser.add_argument("--matmul", action="append", help="measure this matmul (repeatable) instead of the modes above")
+    parser.add_argument("--attention", action="append",
+                        help="measure this attention (repeatable), with float32 weights and with auto's matmul, instead")
     args = parser.parse_args()
     import torch
     if args.threads: torch.set_num_threads(args.threads)
@@ -116,6 +119,9 @@ def main():
         from packed_decode import register_packed
         register_packed()
     modes = {name: dict(matmul=name) for name in args.matmul} if args.matmul else MODES
+    if args.attention:
+        modes = {f"{name}, {weights}": dict(attention=name, **settings) for name in args.attention
+                 for weights, settings in (("float32 weights", dict(dtype="float32")), ("auto's matmul", {}))}
     results, reference_s = measure(modes, args.positions, args.model)
     print(f"{args.model or 'SmolLM2-135M'}, {args.positions} positions of real text ({WINDOW}-token windows), against dtype=float32 "
           f"({reference_s:.1f} s); {machine()}")

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'C_KERNELS', 'C_BLOCKED', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'CKernels', 'c_kernels']
+__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'C_KERNELS', 'C_BLOCKED', 'C_BLOCKED_BF16', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'prefill_bf16_kernel', 'bf16_prefill', 'CKernels', 'c_kernels']
 
 # %% ../../nbs/92_kernels.ipynb #2af2ed82
 import ctypes
 import weakref
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -268,6 +269,40 @@ def prefill_rows(batch: PagedBatch, at_least: int = PREFILL_BLOCKED_MIN) -> list
     "The sequences of the tick whose chunk has at least `at_least` new tokens: blocked_prefill's."
     return [i for i, n in enumerate(batch.query_lens) if n >= at_least]
 
+# %% ../../nbs/92_kernels.ipynb #18b08295
+from .build import BF16_VARIANTS, PREFILL_BF16_SOURCES, KernelUnavailable, build_library, native_bf16
+
+
+def prefill_bf16_kernel(cache_dir: Path | None = None):
+    """The C prefill attention with bfloat16 products (`prefill_attention`), as a ctypes function whose `isa` names its
+    instructions; KernelUnavailable where this CPU has no AVX512-BF16 or the library does not build."""
+    if "avx512-bf16" not in native_bf16(): raise KernelUnavailable("the bfloat16 prefill needs AVX512-BF16")
+    lib = load_built(lambda rebuild: build_library(PREFILL_BF16_SOURCES, BF16_VARIANTS["avx512-bf16"], cache_dir,
+                                                   rebuild, require_openmp=True, isa="avx512"),
+                     lambda library: ctypes.CDLL(str(library)))
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    kernel = c_function(lib, "prefill_attention", ptr, i64, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr,
+                        ctypes.c_int, restype=ctypes.c_int)
+    kernel.isa = c_function(lib, "prefill_attention_isa", restype=ctypes.c_char_p)().decode()
+    return kernel
+
+
+def bf16_prefill(kernel, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor,
+                 context: int, scale: float | None = None) -> torch.Tensor:
+    """blocked_prefill with bfloat16 products: one sequence's n new queries q: [n, Hq, D], the last n of its `context`
+    tokens, over its pages [P, page_size, Hkv, D] by table, causal -> [n, Hq, D] float32, through `kernel`."""
+    n, num_heads, head_dim = q.shape
+    k, v = (t.contiguous() for t in gather_sequence(k_pages, v_pages, table, context, torch.float32))  # [context, Hkv, D]
+    q, out = q.float().contiguous(), q.new_empty(n, num_heads, head_dim, dtype=torch.float32)
+    scale = head_dim ** -0.5 if scale is None else scale
+    code = kernel(q.data_ptr(), n, num_heads, k.data_ptr(), v.data_ptr(), context, k.shape[1], head_dim, scale,
+                  out.data_ptr(), torch.get_num_threads())
+    if code == -2: raise MemoryError(f"the bfloat16 prefill could not allocate its packed keys for {context} tokens")
+    if code: raise ValueError(f"the bfloat16 prefill does not take q {tuple(q.shape)} over {context} tokens of "
+                              f"{k.shape[1]} KV heads (head size a multiple of 32 up to 256, Hq a multiple of Hkv)")
+    return out
+
+
 # %% ../../nbs/92_kernels.ipynb #k92046aa
 class CKernels(AttentionBackend):
     """The C attention backend: one loaded library, and three ways of using it, each the fallback of the one before:
@@ -275,9 +310,12 @@ class CKernels(AttentionBackend):
     name = "C kernels"
 
     def __init__(self, library: Path, head_dim: int, num_heads: int, num_kv_heads: int, one_call_layers: bool = True,
-                 kv_dtype: torch.dtype = torch.float32, prefill_min: int | None = None):
+                 kv_dtype: torch.dtype = torch.float32, prefill_min: int | None = None,
+                 prefill: Callable[..., torch.Tensor] = blocked_prefill, label: str | None = None):
         self.library, self.shape, self.kv_dtype = library, (num_heads, num_kv_heads, head_dim), kv_dtype
-        self.prefill_min = prefill_min  # chunks of this many new tokens go to blocked_prefill (None: none do)
+        self.prefill_min = prefill_min  # chunks of this many new tokens go to `prefill` (None: none do)
+        self.prefill = prefill          # a chunk's attention, with blocked_prefill's signature
+        if label: self.name = f"{CKernels.name}, {label}"  # what the start-up line says of an opt-in
         lib = ctypes.CDLL(str(library))
         self.attention = DecodeAttention(lib, self.shape, kv_dtype)
         self.ops = LayerOps(lib, self.shape, kv_dtype)
@@ -293,8 +331,8 @@ class CKernels(AttentionBackend):
         out, row = torch.empty_like(q), torch.ones(q.shape[1], dtype=torch.bool)  # row[t]: token t is a decode row
         for i in blocked:
             start, n = batch.query_starts[i], batch.query_lens[i]
-            out[0, start:start + n] = blocked_prefill(q[0, start:start + n], k_pages, v_pages, batch.page_tables[i],
-                                                      batch.context_lens[i], scale)
+            out[0, start:start + n] = self.prefill(q[0, start:start + n], k_pages, v_pages, batch.page_tables[i],
+                                                   batch.context_lens[i], scale)
             row[start:start + n] = False
         if row.any():
             tables, lens = self.attention.token_rows(batch)
@@ -302,7 +340,7 @@ class CKernels(AttentionBackend):
         return out
 
     def prefill_seqs(self, batch: PagedBatch) -> list[int]:
-        "The tick's sequences whose chunks blocked_prefill takes (none when prefill_min is None)."
+        "The tick's sequences whose chunks `prefill` takes (none when prefill_min is None)."
         return [] if self.prefill_min is None else prefill_rows(batch, self.prefill_min)
 
     def decode(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, tables: torch.Tensor,
@@ -330,23 +368,33 @@ from ..registry import Implementation, NotApplicable
 
 
 def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dtype = torch.float32,
-              prefill_min: int | None = None, **_) -> CKernels:
+              prefill_min: int | None = None, bf16: bool = False, **_) -> CKernels:
     """The C kernels built for this model's attention shape and K/V dtype (float32 or float16 pages), for float32
     queries (`dtype`, the model's); NotApplicable off the CPU or for other dtypes. prefill_min: chunks of this many new
-    tokens go to blocked_prefill (None: every token is a row)."""
+    tokens go to blocked_prefill (None: every token is a row), or to bf16_prefill where `bf16` (NotApplicable on a CPU
+    without AVX512-BF16)."""
     if torch.device(device).type != "cpu": raise NotApplicable(f"the C kernels run on the CPU, not {device}")
     if dtype != torch.float32: raise NotApplicable(f"the C kernels compute in float32, not {dtype}")
     if kv_dtype not in (torch.float32, torch.float16):
         raise NotApplicable(f"the C kernels read float32 or float16 K/V pages, not {kv_dtype}")
     if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):
         raise NotApplicable(f"the C kernels read K and V per KV head; this model caches {cfg.kv_layout}")
+    if bf16 and "avx512-bf16" not in native_bf16(): raise NotApplicable("this CPU has no AVX512-BF16 products")
+    if bf16 and (cfg.head_dim % 32 or cfg.head_dim > 256):
+        raise NotApplicable(f"the bfloat16 prefill takes heads of 32, 64, ... 256 dims, not {cfg.head_dim}")
+    kernel = prefill_bf16_kernel() if bf16 else None
+    prefill = blocked_prefill if kernel is None else partial(bf16_prefill, kernel)
+    products = "float32 SDPA" if kernel is None else kernel.isa
+    label = None if prefill_min is None else f"chunks of {prefill_min}+ tokens blocked, {products} products"
     shape = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
     half = kv_dtype == torch.float16
     return load_built(lambda rebuild: build_kernels(*shape, rebuild=rebuild, kv_half=half),
                       lambda library: CKernels(library, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, kv_dtype=kv_dtype,
-                                                       prefill_min=prefill_min))
+                                               prefill_min=prefill_min, prefill=prefill, label=label))
 
 
 C_KERNELS = Implementation("attention", "c", c_kernels, 30, CKernels.name)
 C_BLOCKED = Implementation("attention", "c-blocked", partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN), None,
                            "C kernels, blocked prefill")
+C_BLOCKED_BF16 = Implementation("attention", "c-blocked-bf16", partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN, bf16=True),
+                                None, "C kernels, blocked prefill with bfloat16 products")

@@ -46,12 +46,12 @@ def c_compiler() -> list[str] | None:
     return [path, *words[1:]] if path else None
 
 # %% auto #0
-__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES', 'BF16_VARIANTS',
-           'MATMUL_Q8_SOURCES', 'Q8_VARIANTS', 'MATMUL_INT8_SOURCES', 'INT8_VARIANTS', 'KernelUnavailable',
-           'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags', 'compile_flags', 'native_bf16',
-           'bf16_variant', 'variants_run', 'variant_chosen', 'q8_variants', 'q8_variant', 'translation_unit',
-           'source_files', 'build_library', 'check_whole_library', 'build_kernels', 'load_built', 'int8_variants',
-           'int8_variant']
+__all__ = ['CSRC', 'ATTENTION_SOURCES', 'LAYER_SOURCES', 'MATMUL_SOURCES', 'ISA_FLAGS', 'MATMUL_BF16_SOURCES',
+           'PREFILL_BF16_SOURCES', 'BF16_VARIANTS', 'MATMUL_Q8_SOURCES', 'Q8_VARIANTS', 'MATMUL_INT8_SOURCES',
+           'INT8_VARIANTS', 'KernelUnavailable', 'kernel_cache_dir', 'c_compiler', 'cpu_flags', 'cpu_isa', 'isa_flags',
+           'compile_flags', 'native_bf16', 'bf16_variant', 'variants_run', 'variant_chosen', 'q8_variants',
+           'q8_variant', 'translation_unit', 'source_files', 'build_library', 'check_whole_library', 'build_kernels',
+           'load_built', 'int8_variants', 'int8_variant']
 
 # %% ../../nbs/92_kernels.ipynb #c3a8cc4c
 ISA_FLAGS = {  # the variants the kernels are built in, widest first, and the compiler flags of each
@@ -102,6 +102,7 @@ def compile_flags(isa: str | None = None) -> list[str]:
 
 # %% ../../nbs/92_kernels.ipynb #d676a88d
 MATMUL_BF16_SOURCES = ("matmul_bf16.c",)  # the bfloat16 matmul, a library of its own
+PREFILL_BF16_SOURCES = ("prefill_attention.c",)  # the bfloat16 prefill attention, one too (avx512-bf16's flags)
 BF16_VARIANTS = {  # its variants, widest first: what each adds to the avx512 variant's flags
     "amx": ("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-DBF16_AMX"),
     "avx512-bf16": ("-mavx512bf16",),
