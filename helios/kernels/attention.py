@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'C_KERNELS', 'C_BLOCKED', 'C_BLOCKED_BF16', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'prefill_bf16_kernel', 'bf16_prefill', 'CKernels', 'c_kernels']
+__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'PREFILL_MAX_HEAD', 'C_KERNELS', 'C_BLOCKED', 'C_BLOCKED_BF16', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'prefill_bf16_kernel', 'prefill_shapes_refusal', 'bf16_prefill', 'CKernels', 'c_kernels']
 
 # %% ../../nbs/92_kernels.ipynb #2af2ed82
 import ctypes
@@ -266,19 +266,21 @@ def blocked_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
 
 
 def prefill_rows(batch: PagedBatch, at_least: int = PREFILL_BLOCKED_MIN) -> list[int]:
-    "The sequences of the tick whose chunk has at least `at_least` new tokens: blocked_prefill's."
+    "The sequences of the tick whose chunk has at least `at_least` new tokens: the blocked prefill's."
     return [i for i, n in enumerate(batch.query_lens) if n >= at_least]
 
 # %% ../../nbs/92_kernels.ipynb #18b08295
 from .build import BF16_VARIANTS, PREFILL_BF16_SOURCES, KernelUnavailable, build_library, native_bf16
 
+PREFILL_MAX_HEAD = 256  # the largest head size the bfloat16 prefill takes (a multiple of 32): its buffers' size in C
 
 def prefill_bf16_kernel(cache_dir: Path | None = None):
     """The C prefill attention with bfloat16 products (`prefill_attention`), as a ctypes function whose `isa` names its
     instructions; KernelUnavailable where this CPU has no AVX512-BF16 or the library does not build."""
     if "avx512-bf16" not in native_bf16(): raise KernelUnavailable("the bfloat16 prefill needs AVX512-BF16")
-    lib = load_built(lambda rebuild: build_library(PREFILL_BF16_SOURCES, BF16_VARIANTS["avx512-bf16"], cache_dir,
-                                                   rebuild, require_openmp=True, isa="avx512"),
+    flags = (*BF16_VARIANTS["avx512-bf16"], f"-DMAX_D={PREFILL_MAX_HEAD}")
+    lib = load_built(lambda rebuild: build_library(PREFILL_BF16_SOURCES, flags, cache_dir, rebuild, require_openmp=True,
+                                                   isa="avx512"),
                      lambda library: ctypes.CDLL(str(library)))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     kernel = c_function(lib, "prefill_attention", ptr, i64, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr,
@@ -287,19 +289,32 @@ def prefill_bf16_kernel(cache_dir: Path | None = None):
     return kernel
 
 
+def prefill_shapes_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int) -> str | None:
+    "Why the kernel cannot take q [n, Hq, D] over k, v [context, Hkv, D] (None: it can)."
+    n, num_heads, head_dim = q.shape
+    if head_dim % 32 or not 0 < head_dim <= PREFILL_MAX_HEAD:
+        return f"heads of 32, 64, ... {PREFILL_MAX_HEAD} dims, not {head_dim}"
+    if k.shape != (context, k.shape[1], head_dim) or v.shape != k.shape:
+        return f"keys {tuple(k.shape)} and values {tuple(v.shape)} of {context} tokens by {head_dim} dims"
+    if num_heads % k.shape[1]: return f"{num_heads} query heads over {k.shape[1]} KV heads (not a multiple)"
+    if not 0 < n <= context: return f"{n} new queries of {context} tokens"
+    return None
+
+
 def bf16_prefill(kernel, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor,
                  context: int, scale: float | None = None) -> torch.Tensor:
     """blocked_prefill with bfloat16 products: one sequence's n new queries q: [n, Hq, D], the last n of its `context`
     tokens, over its pages [P, page_size, Hkv, D] by table, causal -> [n, Hq, D] float32, through `kernel`."""
     n, num_heads, head_dim = q.shape
     k, v = (t.contiguous() for t in gather_sequence(k_pages, v_pages, table, context, torch.float32))  # [context, Hkv, D]
+    refusal = prefill_shapes_refusal(q, k, v, context)
+    if refusal: raise ValueError(f"the bfloat16 prefill does not take {refusal}")
     q, out = q.float().contiguous(), q.new_empty(n, num_heads, head_dim, dtype=torch.float32)
     scale = head_dim ** -0.5 if scale is None else scale
     code = kernel(q.data_ptr(), n, num_heads, k.data_ptr(), v.data_ptr(), context, k.shape[1], head_dim, scale,
                   out.data_ptr(), torch.get_num_threads())
-    if code == -2: raise MemoryError(f"the bfloat16 prefill could not allocate its packed keys for {context} tokens")
-    if code: raise ValueError(f"the bfloat16 prefill does not take q {tuple(q.shape)} over {context} tokens of "
-                              f"{k.shape[1]} KV heads (head size a multiple of 32 up to 256, Hq a multiple of Hkv)")
+    if code == -2: raise MemoryError(f"the bfloat16 prefill could not allocate its buffers for {context} tokens")
+    if code: raise ValueError(f"the bfloat16 prefill refused q {tuple(q.shape)} over {context} tokens")
     return out
 
 
@@ -380,8 +395,9 @@ def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dty
     if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):
         raise NotApplicable(f"the C kernels read K and V per KV head; this model caches {cfg.kv_layout}")
     if bf16 and "avx512-bf16" not in native_bf16(): raise NotApplicable("this CPU has no AVX512-BF16 products")
-    if bf16 and (cfg.head_dim % 32 or cfg.head_dim > 256):
-        raise NotApplicable(f"the bfloat16 prefill takes heads of 32, 64, ... 256 dims, not {cfg.head_dim}")
+    if bf16 and (cfg.head_dim % 32 or cfg.head_dim > PREFILL_MAX_HEAD):
+        raise NotApplicable(f"the bfloat16 prefill takes heads of 32, 64, ... {PREFILL_MAX_HEAD} dims, "
+                            f"not {cfg.head_dim}")
     kernel = prefill_bf16_kernel() if bf16 else None
     prefill = blocked_prefill if kernel is None else partial(bf16_prefill, kernel)
     products = "float32 SDPA" if kernel is None else kernel.isa
@@ -396,5 +412,6 @@ def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dty
 C_KERNELS = Implementation("attention", "c", c_kernels, 30, CKernels.name)
 C_BLOCKED = Implementation("attention", "c-blocked", partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN), None,
                            "C kernels, blocked prefill")
-C_BLOCKED_BF16 = Implementation("attention", "c-blocked-bf16", partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN, bf16=True),
-                                None, "C kernels, blocked prefill with bfloat16 products")
+C_BLOCKED_BF16 = Implementation("attention", "c-blocked-bf16",
+                                partial(c_kernels, prefill_min=PREFILL_BLOCKED_MIN, bf16=True), None,
+                                "C kernels, blocked prefill with bfloat16 products")

@@ -10,7 +10,8 @@ from conftest import TEST_KV_BYTES
 from helios import LLM, SamplingParams
 from helios.attention.base import choose_backend
 from helios.attention.reference import reference_attention
-from helios.kernels.attention import PREFILL_BLOCKED_MIN, CKernels, bf16_prefill, blocked_prefill, c_kernels, prefill_bf16_kernel
+from helios.kernels.attention import (PREFILL_BLOCKED_MIN, PREFILL_MAX_HEAD, CKernels, bf16_prefill, blocked_prefill,
+                                     c_kernels, prefill_bf16_kernel)
 from helios.kernels.build import native_bf16
 from helios.registry import NotApplicable
 from kernel_support import builds, needs_kernels
@@ -29,6 +30,14 @@ def kernel():
     return prefill_bf16_kernel()
 
 
+@pytest.fixture
+def threads():
+    "Tests that set torch's threads get the count back however they end."
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def rounded_reference(q, k_pages, v_pages, batch) -> torch.Tensor:
     "Attention over q, k and v rounded to bfloat16, in float64."
     return reference_attention(*(t.to(torch.bfloat16).double() for t in (q, k_pages, v_pages)), batch)
@@ -45,18 +54,22 @@ def test_bf16_prefill_is_attention_over_rounded_inputs(kernel, shape, kv_dtype, 
                                                 kv_dtype)
     got = bf16_prefill(kernel, q[0], k_pages, v_pages, batch.page_tables[0], start + n)
     assert got.dtype == torch.float32 and got.shape == (n, num_heads, head_dim)
-    # P is rounded to bfloat16 too: 8 significant bits of weights that sum to 1, over values of about 1
-    torch.testing.assert_close(got.double(), rounded_reference(q, k_pages, v_pages, batch)[0], atol=1e-2, rtol=0)
+    # P is rounded to bfloat16 too: 8 significant bits of weights that sum to 1, over values of about 1. Measured on
+    # an AMD EPYC Zen 4 over these cases: at most 3.7e-3 from the rounded inputs' attention, 2.8e-4 on average; at
+    # most 2.2e-2 from the exact inputs'
+    difference = (got.double() - rounded_reference(q, k_pages, v_pages, batch)[0]).abs()
+    assert difference.max() < 8e-3 and difference.mean() < 6e-4, (difference.max(), difference.mean())
     exact = reference_attention(q.double(), k_pages.double(), v_pages.double(), batch)[0]
-    assert (got.double() - exact).abs().max() < 3e-2
+    assert (got.double() - exact).abs().max() < 4e-2
 
 
 @on_bf16
 @needs_bf16
 @pytest.mark.parametrize("cuts", [(300,), (1, 299), (17, 100, 183), (150, 150), (7, 8, 9, 276)])
-def test_a_row_gets_the_same_bits_in_any_chunk_and_on_any_threads(kernel, cuts):
+@pytest.mark.parametrize("shape", [(9, 3, 64), (6, 2, 96), (4, 1, 256)])
+def test_a_row_gets_the_same_bits_in_any_chunk_and_on_any_threads(kernel, threads, cuts, shape):
     "The prompt's 300 rows as chunks after their cached prefix, each chunk a call of its own, on 1 and 2 threads."
-    q, k_pages, v_pages, batch = scattered_tick(3, 9, 3, 64, 16, [20], [300])
+    q, k_pages, v_pages, batch = scattered_tick(3, *shape, 16, [20], [300])
     table, whole = batch.page_tables[0], None
     for threads in (2, 1):
         torch.set_num_threads(threads)
@@ -75,11 +88,19 @@ def test_a_row_gets_the_same_bits_in_any_chunk_and_on_any_threads(kernel, cuts):
 @needs_bf16
 def test_shapes_it_does_not_take_are_refused(kernel):
     q, k_pages, v_pages, batch = scattered_tick(0, 4, 2, 48, 16, [0], [20])
-    with pytest.raises(ValueError, match="head size a multiple of 32"):
+    with pytest.raises(ValueError, match="heads of 32, 64, ... 256 dims, not 48"):
         bf16_prefill(kernel, q[0], k_pages, v_pages, batch.page_tables[0], 20)
     q, k_pages, v_pages, batch = scattered_tick(0, 3, 2, 32, 16, [0], [20])
-    with pytest.raises(ValueError, match="Hq a multiple of Hkv"):
+    with pytest.raises(ValueError, match="3 query heads over 2 KV heads"):
         bf16_prefill(kernel, q[0], k_pages, v_pages, batch.page_tables[0], 20)
+    with pytest.raises(ValueError, match=r"keys \(16, 2, 32\) and values \(16, 2, 32\) of 20 tokens"):
+        bf16_prefill(kernel, q[0], k_pages, v_pages, batch.page_tables[0][:1], 20)  # a table one page short
+    # the C function's own guards, which keep its buffers (PREFILL_MAX_HEAD dims a row) from overflowing
+    for n, context, head_dim in [(0, 5, 64), (6, 5, 64), (4, 5, PREFILL_MAX_HEAD + 32), (4, 5, 48)]:
+        q, k = torch.zeros(max(n, 1), 2, head_dim), torch.zeros(context, 1, head_dim)
+        out = torch.zeros_like(q)
+        assert kernel(q.data_ptr(), n, 2, k.data_ptr(), k.data_ptr(), context, 1, head_dim, 1.0, out.data_ptr(),
+                      1) == -1
     for head_dim in (48, 288):
         with pytest.raises(NotApplicable, match=f"heads of 32, 64, ... 256 dims, not {head_dim}"):
             c_kernels(attention_config(4, 2, head_dim), torch.float32, CPU, prefill_min=PREFILL_BLOCKED_MIN, bf16=True)
@@ -111,6 +132,7 @@ def test_auto_keeps_the_rows_and_c_blocked_bf16_is_opt_in():
     chosen = choose_backend(cfg, torch.float32, CPU, "c-blocked-bf16").value
     assert isinstance(chosen, CKernels) and chosen.prefill_min == PREFILL_BLOCKED_MIN
     assert chosen.prefill.func is bf16_prefill
+    assert chosen.name == "C kernels, chunks of 8+ tokens blocked, AVX512-BF16 products"  # the start-up line's
 
 
 @on_bf16
@@ -144,7 +166,7 @@ def test_engine_gives_the_same_bits_however_the_prompt_is_cut(smollm2_gguf):
 @needs_bf16
 @pytest.mark.slow  # about a minute on two cores: 512 prompts through the float32 model and through the opt-in
 def test_c_blocked_bf16_stays_within_autos_tolerance_of_float32():
-    "SmolLM2's real weights, 512 windows of real text (each one blocked chunk), auto's matmul: the tolerance auto keeps."
+    "SmolLM2's real weights, 512 windows of real text (each one blocked chunk), auto's matmul: auto's tolerance."
     results, _ = load_script("bf16_accuracy").measure({"bf16": dict(attention="c-blocked-bf16")}, positions=512)
     a = results["bf16"]
     assert a.positions == 512 and a.top1 >= MIN_TOP1 * a.positions and a.max_gap <= MAX_GAP, a

@@ -8,7 +8,9 @@
      - at the end O / l, where l sums the same rounded P that multiplied V.
    A row's bits depend only on its own query, its position and the keys: a block past a row's position leaves the row
    untouched, and the blocks go in the same order for every row. So a prompt cut into chunks of any size, batched
-   with anything, run on any number of threads, gives every row the same bits. */
+   with anything, run on any number of threads, gives every row the same bits (for finite inputs: a NaN or an
+   infinity makes its row NaN, as in PyTorch's SDPA, and a NaN value past a row's position in the row's last block
+   does too). */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,15 +19,18 @@
 
 #define QROWS 16    /* queries per task */
 #define KBLOCK 32   /* keys per block: two key tiles of 16, one P row of 32 bfloat16 (64 bytes) */
-#define MAX_D 256   /* the largest head size (a multiple of 32) */
+#ifndef MAX_D
+#error "build with -DMAX_D=..., the largest head size (helios.kernels.attention's PREFILL_MAX_HEAD)"
+#endif
 #define TILE 512    /* bfloat16 per tile: 16 pair rows of 16 pairs (64 bytes), the layout of TDPBF16PS's operand */
 
 const char *prefill_attention_isa(void) { return "AVX512-BF16"; }
 
-/* 2^x for x <= 0, elementwise (-inf and anything under -150 give 0 or a denormal: callers zero masked lanes):
-   2^x = 2^n 2^f with n = round(x), |f| <= 1/2, 2^f by its Taylor series to f^6 (relative error under 2e-7). */
+/* 2^x for x <= 0, elementwise (-inf and anything under -150 give 0 or a denormal: callers zero masked lanes; NaN
+   stays NaN): 2^x = 2^n 2^f with n = round(x), |f| <= 1/2, 2^f by its Taylor series to f^6 (relative error under
+   2e-7). */
 static inline __m512 exp2_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  /* MAXPS returns its second operand where either is NaN */
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
@@ -47,15 +52,16 @@ static inline __m512i pairs(__m512 a, __m512 b) {
 
 /* Keys and values of KV head h, block kb, as tiles of pair rows (VNNI layout: one row is one 64-byte operand of
    VDPBF16PS, and 16 rows one tile of AMX's TDPBF16PS), zeros past `context`. K: D/32 tiles for keys 0-15 of the
-   block, then D/32 for keys 16-31; tile c's row j holds dims 32c + 2j and 32c + 2j + 1 of its 16 keys. V: D/16 tiles; tile e's row j holds dims 16e..16e+15 of keys 2j and 2j + 1. */
+   block, then D/32 for keys 16-31; tile c's row j holds dims 32c + 2j and 32c + 2j + 1 of its 16 keys. V: D/16 tiles;
+   tile e's row j holds dims 16e..16e+15 of keys 2j and 2j + 1. */
 static void pack_block(const float *k, const float *v, int64_t context, int64_t hkv, int64_t d, int64_t h, int64_t kb,
                        uint16_t *kt, uint16_t *vt) {
     const int64_t ld = hkv * d, first = kb * KBLOCK;
     for (int t = 0; t < 2; t++) {
         const int64_t key0 = first + 16 * t, keys = context - key0;
         const __mmask16 live = keys >= 16 ? 0xffff : keys <= 0 ? 0 : (__mmask16)((1u << keys) - 1);
-        const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                 _mm512_set1_epi32((int)ld));
+        const __m512i keys16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i index = _mm512_mullo_epi32(keys16, _mm512_set1_epi32((int)ld));
         const float *base = k + (key0 < context ? key0 : 0) * ld + h * d;
         for (int64_t dim = 0; dim < d; dim += 2) {
             const __m512 even = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, index, base + dim, 4);
@@ -125,7 +131,7 @@ static void softmax_block(struct task *t, int64_t kb, const int64_t *pos, float 
         const __m512 x0 = _mm512_mask_mul_ps(ninf, m0, _mm512_loadu_ps(t->s + r * KBLOCK), c);
         const __m512 x1 = _mm512_mask_mul_ps(ninf, m1, _mm512_loadu_ps(t->s + r * KBLOCK + 16), c);
         const float top = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-        const float m = top > t->m[r] ? top : t->m[r];
+        const float m = top > t->m[r] || top != top ? top : t->m[r];  /* a NaN score makes the row NaN */
         t->m[r] = m;
         const __m512 p0 = _mm512_maskz_mov_ps(m0, exp2_ps(_mm512_sub_ps(x0, _mm512_set1_ps(m))));
         const __m512 p1 = _mm512_maskz_mov_ps(m1, exp2_ps(_mm512_sub_ps(x1, _mm512_set1_ps(m))));
@@ -142,14 +148,17 @@ static void softmax_block(struct task *t, int64_t kb, const int64_t *pos, float 
         if (live[r]) t->l[r] = t->l[r] * alpha[r] + sums[r];
 }
 
-/* Rows r0..r0+3 of O, dims 16 e0 .. 16 (e0 + COLS) - 1: O alpha + P V, the 16 pairs of keys in order, each row's pair
-   broadcast against the pair row of each value tile. COLS is a constant, so the 4 x COLS sums stay in registers. */
+/* Rows r0..r0+3 of O, dims 16 e0 .. 16 (e0 + cols) - 1: O alpha + P V, the 16 pairs of keys in order, each row's pair
+   broadcast against the pair row of each value tile. Inlined where cols is a constant (4 or 2), so the 4 x cols sums
+   stay in registers. */
 static inline __attribute__((always_inline)) void values_block(struct task *t, const uint16_t *vt, int64_t d, int r0,
-                                                                int64_t e0, int cols, const float *alpha, const int *live) {
+                                                                int64_t e0, int cols, const float *alpha,
+                                                                const int *live) {
     __m512 acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int c = 0; c < cols; c++)
-            acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(t->o + (r0 + i) * d + 16 * (e0 + c)), _mm512_set1_ps(alpha[r0 + i]));
+            acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(t->o + (r0 + i) * d + 16 * (e0 + c)),
+                                      _mm512_set1_ps(alpha[r0 + i]));
     for (int j = 0; j < KBLOCK / 2; j++) {
         __m512bh p[4];
         for (int i = 0; i < 4; i++) {
@@ -216,6 +225,7 @@ static void run_task(struct task *t, const float *q, int64_t n, int64_t hq, int6
 int prefill_attention(const float *q, int64_t n, int64_t hq, const float *k, const float *v, int64_t context,
                       int64_t hkv, int64_t d, float scale, float *out, int threads) {
     if (d % 32 || d > MAX_D || d <= 0 || n < 1 || n > context || hkv < 1 || hq % hkv) return -1;
+    if (threads < 1) threads = 1;
     const int64_t blocks = (context + KBLOCK - 1) / KBLOCK, tiles = (n + QROWS - 1) / QROWS, tasks = tiles * hq;
     const size_t packed = (size_t)hkv * blocks * (d / 16) * TILE * sizeof(uint16_t);
     uint16_t *kpack = aligned_alloc(64, packed), *vpack = aligned_alloc(64, packed);
