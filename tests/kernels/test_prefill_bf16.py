@@ -30,14 +30,6 @@ def kernel():
     return prefill_bf16_kernel()
 
 
-@pytest.fixture
-def threads():
-    "Tests that set torch's threads get the count back however they end."
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def rounded_reference(q, k_pages, v_pages, batch) -> torch.Tensor:
     "Attention over q, k and v rounded to bfloat16, in float64."
     return reference_attention(*(t.to(torch.bfloat16).double() for t in (q, k_pages, v_pages)), batch)
