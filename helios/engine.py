@@ -115,6 +115,12 @@ class ModelRunner:
 
 # %% ../nbs/11_engine.ipynb #9dcc76a6
 @patch
+def idle(self: ModelRunner):
+    "The engine ran out of work: its backend lets go of what only a running tick needs (`AttentionBackend.idle`)."
+    self.backend.idle()
+
+
+@patch
 def batch(self: ModelRunner, plan: TickPlan) -> PagedBatch:
     "The tick's tokens and metadata, made on the host and moved to the device in one copy."
     rows = [self._row(c.seq) for c in plan.chunks]
@@ -786,7 +792,9 @@ def _busy(self: Engine) -> bool: return self.scheduler.has_work or not self._inb
 
 @patch
 def _loop(self: Engine):
+    busy = False
     while not self._stopping or self._busy():
+        was_busy = busy
         try:
             busy = self.step()
         except FatalEngineError as e:
@@ -797,6 +805,7 @@ def _loop(self: Engine):
             for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
             busy = False
         if not busy:
+            if was_busy: _attempt(self.runner.idle)  # once per stretch without work
             self._wakeup.wait(0.05)
             self._wakeup.clear()
 

@@ -44,6 +44,10 @@ class AttentionBackend(ABC):
         "Seconds the backend timed inside its own calls, by part, since it was made (none here)."
         return {}
 
+    def idle(self) -> None:
+        """The engine ran out of work: let go of what only a running tick needs, on the thread that runs the ticks
+        (nothing here; a backend whose kernels keep threads of their own ends them)."""
+
 # %% ../../nbs/08_paged_pool.ipynb #651e89d1
 class PagedKV:
     "K/V storage in a KVPool for one packed forward, and the backend that attends over it."

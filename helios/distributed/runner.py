@@ -126,6 +126,12 @@ def watch(self: ParallelRunner, on_lost):
 
 
 @patch
+def idle(self: ParallelRunner):
+    "The engine ran out of work: rank 0's backend lets go of what only a running tick needs (the other ranks' own)."
+    self.backend.idle()
+
+
+@patch
 def close(self: ParallelRunner):
     "Tell every rank to stop, wait for the workers this process started, and end any that linger."
     if self._closed.is_set(): return

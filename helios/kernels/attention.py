@@ -335,6 +335,7 @@ class CKernels(AttentionBackend):
         self.attention = DecodeAttention(lib, self.shape, kv_dtype)
         self.ops = LayerOps(lib, self.shape, kv_dtype)
         self.layers = DecoderLayers(lib, self.shape, self.attention, self.ops) if one_call_layers else None
+        self.release_threads = c_function(lib, "release_threads")  # see `idle`, below
 
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, batch: PagedBatch,
                  scale: float | None = None) -> torch.Tensor:
@@ -375,6 +376,13 @@ class CKernels(AttentionBackend):
     def measured_s(self) -> dict[str, float]:
         "The seconds the one-call layers timed inside C: {'matmul': s, 'attention': s} since the backend was made."
         return {} if self.layers is None else self.layers.measured_s()
+
+# %% ../../nbs/92_kernels.ipynb #952b97dd
+@patch
+def idle(self: CKernels):
+    "The engine ran out of work: this thread's OpenMP workers end (`release_threads`); the next tick starts new ones."
+    self.release_threads()
+
 
 # %% ../../nbs/92_kernels.ipynb #k92047aa
 from functools import partial

@@ -8,6 +8,9 @@
 
 #include "kernels.h"
 #include "shape.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static double now_s(void) {
     struct timespec t;
@@ -66,6 +69,16 @@ int decoder_layer(const struct layer_weights *w, const struct tick *t, const flo
     #pragma omp parallel for num_threads(m * H >= PARALLEL_MIN ? t->threads : 1)
     for (int64_t i = 0; i < m * H; i++) out[i] += mid[i];
     return 0;
+}
+
+/* The engine ran out of work (CKernels.idle, on the engine's thread): end the OpenMP workers of this thread's team.
+   Kept, they wait for the team's next region, and libgomp counts them among the process's threads: once a process
+   has more such threads than cores (a second engine's team, on its own thread), every team stops spinning at its
+   barriers and sleeps in the kernel instead, a wake-up per parallel region. The next region starts a new team. */
+void release_threads(void) {
+#ifdef _OPENMP
+    omp_pause_resource_all(omp_pause_soft);
+#endif
 }
 
 /* The structs' layout as this compiler lays them out, for the check against Python's ctypes Structures: their

@@ -69,6 +69,7 @@ struct tick {                             /* one packed forward, set once per ti
 
 int decoder_layer(const struct layer_weights *w, const struct tick *t, const float *x, float *out,
                   const int64_t *rows, int64_t m);
+void release_threads(void);  /* the engine has no work: the calling thread's OpenMP workers end */
 
 /* The layout of each struct, for the check at load: its size, and the offset of its i-th field (-1 past the last). */
 size_t helios_sizeof_layer_weights(void);
