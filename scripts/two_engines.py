@@ -1,7 +1,7 @@
 """Decode speed of two engines in one process, each in turn: whether a second `LLM` slows the first (appendix 92,
 "The backend": OpenMP teams and `CKernels.idle`).
 
-    flock /tmp/helios-cpu.lock python scripts/two_engines.py [--model PATH] [--tokens 64]
+    flock /tmp/helios-cpu.lock python scripts/two_engines.py [--model PATH] [--tokens 64] [--dtype float32]
 
 Loads engine A and times a batch-1 greedy run alone; loads engine B beside it and times B, then A again, then B again.
 Each line gives tok/s and the cores the process kept busy meanwhile (its CPU time over the wall time).
@@ -35,12 +35,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a model LLM() takes (default: the embedded SmolLM2-135M)")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="auto", help="the engines' dtype (float32: exact weights, oneDNN's matmul)")
     args = parser.parse_args()
     from helios import LLM
     print(cpu_line(), "\n\n| run | tok/s | cores busy |\n| --- | --- | --- |")
-    a = LLM(args.model, quiet=True)
+    a = LLM(args.model, dtype=args.dtype, quiet=True)
     timed(a, "A alone", args.tokens)
-    b = LLM(args.model, quiet=True)
+    b = LLM(args.model, dtype=args.dtype, quiet=True)
     timed(b, "B beside A", args.tokens)
     timed(a, "A beside B", args.tokens)
     timed(b, "B again", args.tokens)
