@@ -792,9 +792,8 @@ def _busy(self: Engine) -> bool: return self.scheduler.has_work or not self._inb
 
 @patch
 def _loop(self: Engine):
-    busy = False
+    holding = False  # a tick ran since the runner's last idle(): what it needed may still be kept
     while not self._stopping or self._busy():
-        was_busy = busy
         try:
             busy = self.step()
         except FatalEngineError as e:
@@ -803,10 +802,12 @@ def _loop(self: Engine):
         except Exception:  # a bug outside any one request: fail everything running, keep the thread alive
             traceback.print_exc()
             for req in list(self._requests.values()): _attempt(self._end, req, None, "internal engine error")
-            busy = False
+            busy, holding = False, True
+        holding = holding or busy
         if not busy:
-            if was_busy: _attempt(self.runner.idle)  # once per stretch without work
-            self._wakeup.wait(0.05)
+            if not self._wakeup.wait(0.05) and holding:  # a wait without work: let go, once
+                _attempt(lambda: self.runner.idle())
+                holding = False
             self._wakeup.clear()
 
 # %% ../nbs/11_engine.ipynb #5a7eefe4

@@ -46,7 +46,7 @@ class AttentionBackend(ABC):
 
     def idle(self) -> None:
         """The engine ran out of work: let go of what only a running tick needs, on the thread that runs the ticks
-        (nothing here; a backend whose kernels keep threads of their own ends them)."""
+        (nothing here; a backend whose kernels run OpenMP teams there ends the team's workers)."""
 
 # %% ../../nbs/08_paged_pool.ipynb #651e89d1
 class PagedKV:

@@ -127,7 +127,8 @@ def watch(self: ParallelRunner, on_lost):
 
 @patch
 def idle(self: ParallelRunner):
-    "The engine ran out of work: rank 0's backend lets go of what only a running tick needs (the other ranks' own)."
+    """The engine ran out of work: rank 0's backend lets go of what only a running tick needs (the other ranks are
+    processes of their own, with no second engine beside them)."""
     self.backend.idle()
 
 

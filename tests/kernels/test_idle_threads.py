@@ -1,6 +1,7 @@
-"""When the engine runs out of work it calls its runner's `idle` once (chapter 11), and the C kernels' `idle` ends the
-engine thread's OpenMP workers (appendix 92): kept, they make libgomp count more threads than cores once a second
-engine runs in the process, and every team then sleeps at its barriers (scripts/two_engines.py measures it)."""
+"""When the engine has waited once without work it calls its runner's `idle`, once (chapter 11), on its own thread, and
+the C kernels' `idle` ends that thread's OpenMP workers (appendix 92): kept, they make libgomp count more threads than
+cores once a second engine runs in the process, and every team then sleeps at its barriers (scripts/two_engines.py
+measures it)."""
 import os
 import threading
 import time
@@ -18,9 +19,9 @@ CPU = torch.device("cpu")
 needs_compiler = needs_kernels(builds(lambda: c_kernels(attention_config(9, 3, 64), torch.float32, CPU)))
 
 
-def os_threads() -> int:
+def os_threads() -> set[str]:
     "The process's threads, as Linux lists them (OpenMP's workers among them)."
-    return len(os.listdir("/proc/self/task"))
+    return set(os.listdir("/proc/self/task"))
 
 
 @needs_compiler
@@ -40,20 +41,23 @@ def test_idle_ends_the_calling_threads_openmp_workers(threads):
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    assert seen["held"] == seen["before"] + 1, seen  # the team's one worker beside this thread
-    assert seen["after"] == seen["before"], seen
+    workers = seen["held"] - seen["before"]
+    assert len(workers) >= 1, seen                   # the team's worker beside this thread
+    assert not workers & seen["after"], seen         # gone
 
 
-def test_the_engine_calls_idle_once_when_it_runs_out_of_work(tiny_folder):
+def test_the_engine_calls_idle_once_after_a_stretch_of_work(tiny_folder):
     with LLM(tiny_folder, dtype="float32", device="cpu", quiet=True, kv_cache_bytes=TEST_KV_BYTES) as llm:
         calls = []
-        llm.engine.runner.backend.idle = lambda: calls.append(time.monotonic())
-        llm.generate(["a b c"] * 3, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        deadline = time.monotonic() + 2
-        while not calls and time.monotonic() < deadline: time.sleep(0.01)
-        time.sleep(0.2)  # the loop waits without work meanwhile: no second call
-        assert len(calls) == 1
+        llm.engine.runner.backend.idle = lambda: calls.append(threading.current_thread().name)
+
+        def served_then_idle(expected: int):
+            deadline = time.monotonic() + 5
+            while len(calls) < expected and time.monotonic() < deadline: time.sleep(0.01)
+            time.sleep(0.3)  # the loop keeps waiting without work meanwhile: no second call
+            assert calls == ["helios-engine"] * expected
+
+        llm.generate(["a b c"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        served_then_idle(1)
         llm.generate(["d e f"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        deadline = time.monotonic() + 2
-        while len(calls) < 2 and time.monotonic() < deadline: time.sleep(0.01)
-        assert len(calls) == 2  # once more after the next stretch of work
+        served_then_idle(2)  # once more after the next stretch of work

@@ -8,9 +8,6 @@
 
 #include "kernels.h"
 #include "shape.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 static double now_s(void) {
     struct timespec t;
@@ -75,9 +72,12 @@ int decoder_layer(const struct layer_weights *w, const struct tick *t, const flo
    Kept, they wait for the team's next region, and libgomp counts them among the process's threads: once a process
    has more such threads than cores (a second engine's team, on its own thread), every team stops spinning at its
    barriers and sleeps in the kernel instead, a wake-up per parallel region. The next region starts a new team. */
+#ifdef _OPENMP
+int omp_pause_resource_all(int kind) __attribute__((weak));  /* OpenMP 5 (libgomp of GCC 9 on): NULL before */
+#endif
 void release_threads(void) {
 #ifdef _OPENMP
-    omp_pause_resource_all(omp_pause_soft);
+    if (omp_pause_resource_all) omp_pause_resource_all(1);   /* omp_pause_soft */
 #endif
 }
 
