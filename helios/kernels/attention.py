@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'PREFILL_MAX_HEAD', 'C_KERNELS', 'C_BLOCKED', 'C_BLOCKED_BF16', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'prefill_bf16_kernel', 'prefill_shapes_refusal', 'bf16_prefill', 'CKernels', 'c_kernels']
+__all__ = ['QUERY_TILE', 'PREFILL_BLOCKED_MIN', 'PREFILL_MAX_HEAD', 'C_KERNELS', 'C_BLOCKED', 'C_BLOCKED_BF16', 'check_default_scale', 'DecodeAttention', 'LayerOps', 'DecoderLayers', 'checked_rows', 'blocked_prefill', 'prefill_rows', 'prefill_bf16_kernel', 'prefill_head_refusal', 'prefill_shapes_refusal', 'bf16_prefill', 'CKernels', 'c_kernels']
 
 # %% ../../nbs/92_kernels.ipynb #2af2ed82
 import ctypes
@@ -289,11 +289,16 @@ def prefill_bf16_kernel(cache_dir: Path | None = None):
     return kernel
 
 
+def prefill_head_refusal(head_dim: int) -> str | None:
+    "Why the kernel cannot take heads of head_dim (None: it can): its buffers hold 32, 64, ... PREFILL_MAX_HEAD."
+    if head_dim % 32 == 0 and 0 < head_dim <= PREFILL_MAX_HEAD: return None
+    return f"a head of {head_dim} dims (it takes 32, 64, ... {PREFILL_MAX_HEAD})"
+
+
 def prefill_shapes_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int) -> str | None:
     "Why the kernel cannot take q [n, Hq, D] over k, v [context, Hkv, D] (None: it can)."
     n, num_heads, head_dim = q.shape
-    if head_dim % 32 or not 0 < head_dim <= PREFILL_MAX_HEAD:
-        return f"heads of 32, 64, ... {PREFILL_MAX_HEAD} dims, not {head_dim}"
+    if refusal := prefill_head_refusal(head_dim): return refusal
     if k.shape != (context, k.shape[1], head_dim) or v.shape != k.shape:
         return f"keys {tuple(k.shape)} and values {tuple(v.shape)} of {context} tokens by {head_dim} dims"
     if num_heads % k.shape[1]: return f"{num_heads} query heads over {k.shape[1]} KV heads (not a multiple)"
@@ -403,9 +408,8 @@ def c_kernels(cfg, kv_dtype: torch.dtype, device: torch.device, dtype: torch.dty
     if cfg.kv_layout != (cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, False):
         raise NotApplicable(f"the C kernels read K and V per KV head; this model caches {cfg.kv_layout}")
     if bf16 and "avx512-bf16" not in native_bf16(): raise NotApplicable("this CPU has no AVX512-BF16 products")
-    if bf16 and (cfg.head_dim % 32 or cfg.head_dim > PREFILL_MAX_HEAD):
-        raise NotApplicable(f"the bfloat16 prefill takes heads of 32, 64, ... {PREFILL_MAX_HEAD} dims, "
-                            f"not {cfg.head_dim}")
+    if bf16 and (refusal := prefill_head_refusal(cfg.head_dim)):
+        raise NotApplicable(f"the bfloat16 prefill does not take {refusal}")
     kernel = prefill_bf16_kernel() if bf16 else None
     prefill = blocked_prefill if kernel is None else partial(bf16_prefill, kernel)
     products = "float32 SDPA" if kernel is None else kernel.isa
