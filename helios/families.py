@@ -62,6 +62,9 @@ class Family:
     attention_shapes: Callable[[ModelConfig, str], Shapes] | None = None  # (cfg, "model.layers.3.") -> the
                                                               # attention tensors to check; None: GQA's projections
     float32_tensors: tuple[str, ...] = ()                     # name endings loaded in float32 in any dtype
+    not_linear: tuple[str, ...] = ()                          # patterns (re.search) of the matrices no Linear
+                                                              # multiplies: read in the model's dtype whatever the
+                                                              # matmul stores
     replicated_tensors: tuple[str, ...] = ()                  # patterns (a layer's tensor names) that every
                                                               # tensor-parallel rank holds whole: the family's own parts
     tensor_parallel: Callable[[ModelConfig, object], RankSplit] | None = None  # (cfg, the rank's shard of the

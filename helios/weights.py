@@ -7,6 +7,7 @@ Docs: https://helios-engine.github.io/helios/weights.html.md"""
 # %% ../nbs/04_weights.ipynb #4a7c6792
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -28,10 +29,11 @@ from .registry import AUTO, Choice, Implementation, NotApplicable, check_choice,
 __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 'DEFAULT_MODEL_FILE', 'DEFAULT_MODEL_INSTALL',
            'CHECKPOINT_GROUP', 'TORCH_MATMUL', 'QWEN3', 'LLAMA', 'MAX_LAYERS', 'HF_POSITIVE_KEYS', 'resolve_device',
            'cuda_dtype', 'resolve_dtype', 'default_model_path', 'named_checkpoint', 'looks_like_path',
-           'find_checkpoint', 'LinearFactory', 'replace_linears', 'precision_refusal', 'choose_matmul', 'layer_factory',
-           'build_model', 'qwen3_config_from_hf', 'llama_config_from_hf', 'config_from_hf', 'load_hf_config',
-           'read_hf_config', 'gqa_attention_shapes', 'expected_shapes', 'check_tensor_shapes', 'LoadedModel',
-           'read_config', 'read_tensors', 'read_and_build', 'load_model']
+           'find_checkpoint', 'LinearFactory', 'return_freed_memory', 'replace_linears', 'precision_refusal',
+           'choose_matmul', 'layer_factory', 'build_model', 'qwen3_config_from_hf', 'llama_config_from_hf',
+           'config_from_hf', 'load_hf_config', 'read_hf_config', 'gqa_attention_shapes', 'expected_shapes',
+           'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build',
+           'check_linears_replaced', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -133,22 +135,35 @@ class LinearFactory(NamedTuple):
     kv_dtype: torch.dtype | None = None  # the KV pages it pairs with under kv_cache_dtype=auto (None: the model's dtype)
     from_gguf: Callable[..., int] | None = None  # from_gguf(model, reader, cfg): replaces a GGUF model's linears from
                                                  # the file's own blocks, returns how many (None: by make, as any other)
+    takes_rounded: bool = False  # make(w) is make(w rounded to weight_dtype): the loader reads the weights so
 
 
-def _replaceable(w) -> bool:
-    return isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2
+def return_freed_memory() -> None:
+    """Hand what the C allocator holds free back to the OS (glibc's `malloc_trim`; elsewhere nothing). Freed tensors
+    leave holes that later, differently sized ones do not always fill: without it the peak grows as linears are
+    replaced, and the memory the float32 tensors had stays with the process."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the symbols the process has loaded (libc's among them)
+    if trim is not None: trim(0)
 
 
-def replace_linears(model: nn.Module, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]) -> int:
-    "Replace every float32 CPU nn.Linear, and the LM head, by make(weight, bias); returns how many."
+def _replaceable(w, stored: torch.dtype | None = None) -> bool:
+    return (isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype in (torch.float32, stored)
+            and w.dim() == 2)
+
+
+def replace_linears(model: nn.Module, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module],
+                    stored: torch.dtype | None = None) -> int:
+    """Replace every float32 CPU nn.Linear, and the LM head, by make(weight, bias); returns how many. `stored`: the
+    dtype the loader read the weights in where the factory `takes_rounded` (those are replaced too)."""
     count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and _replaceable(child.weight):
-                setattr(module, name, make(child.weight, child.bias))
-                count += 1
+    places = [(module, name) for module in model.modules() for name, child in module.named_children()
+              if isinstance(child, nn.Linear) and _replaceable(child.weight, stored)]
+    for module, name in places:  # no name here holds a Linear: each is freed as its replacement comes in
+        setattr(module, name, make(getattr(module, name).weight, getattr(module, name).bias))
+        return_freed_memory()
+        count += 1
     head = getattr(model, "lm_head", None)
-    if isinstance(head, LMHead) and _replaceable(head.weight):
+    if isinstance(head, LMHead) and _replaceable(head.weight, stored):
         model.lm_head = make(head.weight, None)
         count += 1
     return count
@@ -294,7 +309,7 @@ def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int
 
 # %% ../nbs/04_weights.ipynb #59cd4ead
 from .formats.gguf import GGUFFile, config_from_gguf, gguf_tensor_naming, gguf_tensor_shapes, load_gguf_tensors
-from .formats.hf import safetensors_shapes
+from .formats.hf import LinearStorage, safetensors_shapes
 
 
 class LoadedModel(NamedTuple):
@@ -318,34 +333,44 @@ def read_config(path: Path) -> tuple[ModelConfig, GGUFFile | None]:
 
 
 def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
-                 select: TensorSelector | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32; `select` keeps
-    only part of them. Every shape is checked against the config before any tensor is read."""
+                 select: TensorSelector | None = None, linear_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32, the linears'
+    weights in linear_dtype (None: dtype); `select` keeps only part of them. Every shape is checked against the
+    config before any tensor is read."""
     family = load_family(cfg.architecture)
+    linears = None if linear_dtype is None else LinearStorage(linear_dtype, family.not_linear)
     if reader is not None:
         shapes = gguf_tensor_shapes(reader, gguf_tensor_naming(cfg))
         check_tensor_shapes(cfg, {n: (path, s) for n, s in shapes.items()}, path)
-        return load_gguf_tensors(reader, cfg, dtype, device, family.float32_tensors, select)
+        return load_gguf_tensors(reader, cfg, dtype, device, family.float32_tensors, select, linears)
     rename = family.checkpoint_name or (lambda name: name)   # a multimodal folder: its text model's tensors only
     shapes = {rename(n): found for n, found in safetensors_shapes(path).items() if rename(n) is not None}
     check_tensor_shapes(cfg, shapes, path / "config.json")
-    return load_safetensors(path, dtype, device, family.float32_tensors, select, family.checkpoint_name)
+    return load_safetensors(path, dtype, device, family.float32_tensors, select, family.checkpoint_name, linears)
 
 
-def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
+                   linear_dtype: torch.dtype | None = None) -> CausalLM:
     "The whole model from every tensor of the checkpoint (chapter 16 builds one rank's part instead)."
-    tensors = read_tensors(path, cfg, reader, dtype, device)
-    try: return build_model(cfg, tensors)
+    try: return build_model(cfg, read_tensors(path, cfg, reader, dtype, device, linear_dtype=linear_dtype))  # held by
+                                                 # no name here: the model adopts the tensors as the dict gives them up
     except RuntimeError as e:  # tensors missing or left over once the shared parts matched the config
         if "state_dict" not in str(e): raise
         raise ModelFileError(path, f"its tensors do not make a {cfg.architecture} model: {e}") from None
 
 # %% ../nbs/04_weights.ipynb #0399f505
+def check_linears_replaced(model: nn.Module, stored: torch.dtype, family: Family) -> None:
+    "Every matrix read in the matmul's dtype went into a replaced Linear: one left as a parameter is a missing `not_linear`."
+    left = [name for name, p in model.named_parameters() if p.dtype == stored]
+    if left: raise RuntimeError(f"{family.name}: {', '.join(left[:3])} were read as {stored} linear weights but no "
+                                "Linear multiplies them; the family's not_linear must name them")
+
+
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO,
                build: Callable[..., CausalLM] = read_and_build) -> LoadedModel:
     """Find, read and build a model (None: the embedded default); matmul: 'auto' or a registered implementation;
-    build(cfg, path, reader, dtype, device): how the model is made from the checkpoint."""
+    build(cfg, path, reader, dtype, device, linear_dtype): how the model is made from the checkpoint."""
     start = time.perf_counter()
     device, exact = resolve_device(device), dtype != "auto"  # an explicit dtype keeps the weights as loaded
     dtype = resolve_dtype(dtype, device)
@@ -353,10 +378,14 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
     cfg, reader = read_config(path)
     family = load_family(cfg.architecture)
     choice = choose_matmul(matmul, device, dtype, exact, family) if optimize else None  # before the weights: fail fast
-    net = build(cfg, path, reader, dtype, device)
+    from_file = choice.value.from_gguf if choice is not None and reader is not None else None
+    rounded = choice is not None and choice.value.takes_rounded and from_file is None
+    linear_dtype = choice.value.weight_dtype if rounded else None  # the weights read as the matmul keeps them
+    net = build(cfg, path, reader, dtype, device, linear_dtype)
     weight_dtype = dtype
     if choice is not None and choice.value.make is not None:
-        from_file = choice.value.from_gguf if reader is not None else None
-        if from_file(net, reader, cfg) if from_file is not None else replace_linears(net, choice.value.make):
+        if from_file(net, reader, cfg) if from_file is not None else replace_linears(net, choice.value.make, linear_dtype):
             weight_dtype = choice.value.weight_dtype or dtype
+    if linear_dtype is not None: check_linears_replaced(net, linear_dtype, family)
+    return_freed_memory()  # the float32 copies dequantizing and rounding left behind
     return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start, choice)

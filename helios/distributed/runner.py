@@ -32,10 +32,10 @@ STOP_WAIT_S = 10.0                              # for workers to exit after rank
 def load_rank(path: Path, dtype, device, config: EngineConfig, layout: ParallelLayout, groups: Groups) -> LoadedModel:
     """One rank's model, loaded as chapter 04 loads a whole one, but built from its shard: only its part of each
     tensor is read (safetensors) or kept (GGUF, dequantized one at a time); then the row-parallel sums go in."""
-    def build(cfg, path, reader, dtype, device):
+    def build(cfg, path, reader, dtype, device, linear_dtype=None):
         shard = plan_shard(cfg, layout)
-        return build_shard_model(cfg, shard, read_tensors(path, cfg, reader, dtype, device, tensor_selector(cfg, shard)),
-                                 groups.tp)
+        tensors = read_tensors(path, cfg, reader, dtype, device, tensor_selector(cfg, shard), linear_dtype)
+        return build_shard_model(cfg, shard, tensors, groups.tp)
     loaded = load_model(path, dtype=dtype, device=device, matmul=config.matmul, build=build)
     sum_partial_outputs(loaded.model, groups.tp)  # after the matmuls were chosen: it wraps the chosen modules
     return loaded

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig, YarnScaling
 from ..families import gguf_family, load_family
 from .errors import ModelFileError, describe_value, require_positive
+from .hf import LinearStorage, tensor_dtype
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -328,10 +329,12 @@ def gguf_tensor_shapes(reader: GGUFFile, tensor_name: Callable[[str], str] = hf_
 
 
 def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                      keep_float32: tuple[str, ...] = (), select=None) -> dict[str, torch.Tensor]:
+                      keep_float32: tuple[str, ...] = (), select=None,
+                      linears: LinearStorage | None = None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of a GGUF into Hugging Face names and layout (q/k/v still apart, experts stacked),
-    cast to dtype (names ending in keep_float32: float32). `select(name, shape)` (a `TensorSelector`) keeps part of
-    a tensor, or none of it; each tensor is dequantized whole, one at a time."""
+    cast to dtype (names ending in keep_float32: float32; the linears' weights to `linears.dtype`). `select(name,
+    shape)` (a `TensorSelector`) keeps part of a tensor, or none of it; each tensor is dequantized whole, one at a
+    time, and cast before the next."""
     reading, tensor_name = load_family(cfg.architecture).gguf, gguf_tensor_naming(cfg)
     gguf_tensor_shapes(reader, tensor_name)  # every name and type checked before anything is dequantized
     tensors = {}
@@ -345,7 +348,7 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
         if reading.tensor_values is not None: w = reading.tensor_values(name, w)
         if index is not None: w = np.concatenate([w[i] for i in index]) if isinstance(index, list) else w[index]
         w = np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only the memory-mapped float tensors
-        tensors[name] = torch.from_numpy(w).to(device, torch.float32 if name.endswith(keep_float32) else dtype)
+        tensors[name] = torch.from_numpy(w).to(device, tensor_dtype(name, w, dtype, keep_float32, linears))
     for gate in [name for name in tensors if name.endswith(".experts.gate_exps")]:  # [E, I, H] twice -> [E, 2I, H]
         prefix = gate.removesuffix("gate_exps")
         tensors[prefix + "gate_up_proj"] = torch.cat([tensors.pop(gate), tensors.pop(prefix + "up_exps")], dim=1)

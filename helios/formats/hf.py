@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['HUB_PATTERNS', 'TensorPart', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'open_safetensors', 'safetensors_shapes', 'load_safetensors']
+__all__ = ['HUB_PATTERNS', 'TensorPart', 'TensorSelector', 'ModelNotFoundError', 'is_hub_repo_id', 'download_from_hub', 'open_safetensors', 'safetensors_shapes', 'LinearStorage', 'tensor_dtype', 'load_safetensors']
 
 # %% ../../nbs/04_weights.ipynb #77b66eea
 import contextlib
 import json
+import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -92,12 +93,31 @@ TensorPart = "tuple[slice, ...] | list[tuple[slice, ...]]"  # an index, or a lis
 TensorSelector = Callable[[str, tuple[int, ...]], "TensorPart | None"]  # (name, shape) -> the part to read, or None: skip it
 
 # %% ../../nbs/04_weights.ipynb #0314bb97
+class LinearStorage(NamedTuple):
+    "The linears' weights read straight into the dtype their matmul stores them in: which tensors, and that dtype."
+    dtype: torch.dtype           # the matmul's weight dtype (bfloat16 or float16)
+    not_linear: tuple[str, ...] = ()  # patterns (re.search) of the matrices no Linear multiplies (the family's)
+
+    def holds(self, name: str, tensor) -> bool:
+        "Whether a tensor (torch or numpy) read under this name is a linear's weight."
+        return (tensor.ndim == 2 and name.endswith(".weight") and not name.endswith("embed_tokens.weight")
+                and not any(re.search(pattern, name) for pattern in self.not_linear))
+
+
+def tensor_dtype(name: str, tensor, dtype: torch.dtype, keep_float32: tuple[str, ...],
+                 linears: LinearStorage | None) -> torch.dtype:
+    "The dtype a tensor is kept in: float32 for keep_float32's names, the linears' dtype for their weights, else dtype."
+    if name.endswith(keep_float32): return torch.float32
+    return linears.dtype if linears is not None and linears.holds(name, tensor) else dtype
+
+
 def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, keep_float32: tuple[str, ...] = (),
-                     select: TensorSelector | None = None,
-                     rename: Callable[[str], str | None] | None = None) -> dict[str, torch.Tensor]:
+                     select: TensorSelector | None = None, rename: Callable[[str], str | None] | None = None,
+                     linears: LinearStorage | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a (possibly sharded) safetensors checkpoint, cast to dtype on device (names ending in
-    keep_float32: float32). `select(name, shape)` reads only part of a tensor (a rank's shard), or none of it;
-    `rename` gives a file's name the name the model knows (None: the tensor is not read at all)."""
+    keep_float32: float32; the linears' weights to `linears.dtype`). `select(name, shape)` reads only part of a
+    tensor (a rank's shard), or none of it; `rename` gives a file's name the name the model knows (None: the tensor
+    is not read at all)."""
     files = _safetensors_files(folder)
     tensors = {}
     with tqdm(desc="loading safetensors", unit="tensor", disable=None) as bar:
@@ -106,7 +126,6 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, kee
                 for stored in f.keys():
                     name = rename(stored) if rename else stored
                     if name is None or name.endswith("rotary_emb.inv_freq"): continue  # not this model's, or derived
-                    kept = torch.float32 if name.endswith(keep_float32) else dtype
                     if select is None: tensor = f.get_tensor(stored)
                     else:
                         part = f.get_slice(stored)
@@ -114,6 +133,7 @@ def load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device, kee
                         if index is None: continue
                         # only these rows or columns are read from the file
                         tensor = torch.cat([part[i] for i in index]) if isinstance(index, list) else part[index]
+                    kept = tensor_dtype(name, tensor, dtype, keep_float32, linears)
                     tensors[name] = tensor.to(device=device, dtype=kept)
                     bar.update()
     return tensors

@@ -78,7 +78,7 @@ def c_matmul(device: torch.device, exact: bool) -> LinearFactory:
         raise NotApplicable("float16 weights are used only where fbgemm has them (x86 with AVX2)")
     matmul = matmul_kernel()
     return LinearFactory(lambda weight, bias=None: CHalfLinear(weight, bias, matmul), torch.float16,
-                         f"C, float16 weights, {matmul.isa}")
+                         f"C, float16 weights, {matmul.isa}", takes_rounded=True)
 
 
 C_MATMUL = Implementation("matmul", "c", c_matmul, 30, "C, float16 weights")
@@ -132,7 +132,8 @@ def c_bf16_matmul(device: torch.device, exact: bool) -> LinearFactory:
     if not native_bf16(): raise NotApplicable("this CPU has no native bfloat16 products (AMX-BF16 or AVX512-BF16)")
     matmul = matmul_bf16_kernel()
     return LinearFactory(lambda weight, bias=None: CBf16Linear(weight, bias, matmul), torch.bfloat16,
-                         f"C, bfloat16 products, float32 sums, {matmul.isa} on this CPU", kv_dtype=torch.float16)
+                         f"C, bfloat16 products, float32 sums, {matmul.isa} on this CPU", kv_dtype=torch.float16,
+                         takes_rounded=True)
 
 
 C_BF16_MATMUL = Implementation("matmul", "c-bf16", c_bf16_matmul, 40, "C, bfloat16 products")

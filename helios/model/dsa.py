@@ -18,8 +18,9 @@ from torch import nn
 from ..config import KVLayout
 from ..families import Family
 from .attention import KVStore, SequenceContext, apply_rope
-from .mla import (MLAConfig, MLAModelConfig, MLAttention, absorb_queries, deepseek_config_from_hf,
-                              deepseek_state_dict, expand_latents, mla_attention_shapes, tiny_deepseek_v3)
+from .mla import (MLA_NOT_LINEAR, MLAConfig, MLAModelConfig, MLAttention, absorb_queries,
+                              deepseek_config_from_hf, deepseek_state_dict, expand_latents, mla_attention_shapes,
+                              tiny_deepseek_v3)
 from .moe import ROUTER_TENSORS, SparseMoE
 from .qwen3 import DecoderLayer
 
@@ -227,5 +228,5 @@ def dsa_attention_shapes(cfg: DSAModelConfig, layer: str) -> Iterator[tuple[str,
 
 
 DEEPSEEK_V32 = Family("deepseek_v32", dsa_config_from_hf, dsa_layer, adapt_state_dict=deepseek_state_dict,
-                      attention_shapes=dsa_attention_shapes, float32_tensors=ROUTER_TENSORS,
+                      attention_shapes=dsa_attention_shapes, float32_tensors=ROUTER_TENSORS, not_linear=MLA_NOT_LINEAR,
                       replicated_tensors=(r"self_attn\.indexer\..+",))  # tensor parallel: every rank picks alike

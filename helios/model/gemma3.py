@@ -257,8 +257,9 @@ def gemma3_tokenizer(reader: GGUFFile) -> Tokenizer:
 
 # %% ../../nbs/18_gemma3.ipynb #ae46e5e7
 def adapt_state_dict(cfg: Gemma3Config, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "Gemma's norms multiply by (1 + w): stored as 1 + w, they are chapter 01's RMSNorm."
-    return {name: 1 + w if name.endswith("norm.weight") else w for name, w in state_dict.items()}
+    "Gemma's norms multiply by (1 + w): stored as 1 + w, they are chapter 01's RMSNorm (state_dict changed in place)."
+    for name in [n for n in state_dict if n.endswith("norm.weight")]: state_dict[name] = 1 + state_dict[name]
+    return state_dict
 
 
 class GeGLUMLP(SwiGLUMLP):

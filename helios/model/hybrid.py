@@ -22,7 +22,7 @@ from ..families import Family, RankSplit, Shapes
 from ..distributed.shard import ALL, Shard, column_part, row_part, split_range
 from .attention import KVStore, SequenceContext, apply_rope, sdpa_attention
 from .layers import RMSNorm, SwiGLUMLP
-from .moe import MoEConfig, MoEModelConfig, SparseMoE, stack_experts
+from .moe import MOE_NOT_LINEAR, MoEConfig, MoEModelConfig, SparseMoE, stack_experts
 from .qwen3 import CausalLM, DecoderLayer
 from ..reference import KVCache, decode_one_token
 from ..scheduler import Sequence, TickPlan
@@ -409,7 +409,8 @@ def checkpoint_name(name: str) -> str | None:
 def adapt_state_dict(cfg: HybridConfig, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     "The text model's tensors under this chapter's names, its zero-centred norm weights as plain ones."
     out = {}
-    for name, tensor in state_dict.items():
+    for name in list(state_dict):  # taken out as they are renamed: the checkpoint is never held twice
+        tensor = state_dict.pop(name)
         if name.endswith(ZERO_CENTRED_NORMS) or name == "model.norm.weight": tensor = tensor + 1
         name = name.replace(".linear_attn.out_proj.", ".self_attn.o_proj.")  # every mixer's output is o_proj
         out[name.replace(".linear_attn.", ".self_attn.")] = tensor
@@ -822,7 +823,8 @@ def hybrid_tensor_parallel(cfg: HybridConfig, shard: Shard) -> RankSplit:
 def hybrid_family(model_type: str) -> Family:
     "The family of one of Qwen3.5's model_types: all four read and build alike."
     return Family(model_type, config_from_hf, hybrid_layer, adapt_state_dict, attention_shapes=hybrid_attention_shapes,
-                  checkpoint_name=checkpoint_name, sequence_states=hybrid_states, tensor_parallel=hybrid_tensor_parallel)
+                  checkpoint_name=checkpoint_name, sequence_states=hybrid_states, tensor_parallel=hybrid_tensor_parallel,
+                  not_linear=MOE_NOT_LINEAR)
 
 
 QWEN3_5, QWEN3_5_TEXT = hybrid_family("qwen3_5"), hybrid_family("qwen3_5_text")

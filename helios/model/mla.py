@@ -19,14 +19,16 @@ from ..config import KVLayout, ModelConfig, YarnScaling, hf_config_fields
 from ..families import Family
 from .attention import KVStore, apply_rope, sdpa_attention
 from .layers import RMSNorm
-from .moe import ROUTER_TENSORS, MoEConfig, MoEModelConfig, SparseMoE, moe_from_hf, stack_experts
+from .moe import (MOE_NOT_LINEAR, ROUTER_TENSORS, MoEConfig, MoEModelConfig, SparseMoE, moe_from_hf,
+                              stack_experts)
 from .qwen3 import DecoderLayer
 
 # %% auto #0
-__all__ = ['MLA_DEFAULTS', 'FORMS', 'DEEPSEEK_V2', 'DEEPSEEK_V3', 'MLAConfig', 'MLAModelConfig', 'deepseek_config_from_hf',
-           'tiny_deepseek_v3', 'expand_latents', 'expanded_attention', 'absorb_queries', 'latent_attention',
-           'absorbed_attention', 'FormCost', 'form_flops', 'cheaper_form', 'softmax_scale', 'MLAttention',
-           'interleaved_to_halves', 'mla_state_dict', 'deepseek_layer', 'mla_attention_shapes', 'deepseek_state_dict']
+__all__ = ['MLA_DEFAULTS', 'FORMS', 'MLA_NOT_LINEAR', 'DEEPSEEK_V2', 'DEEPSEEK_V3', 'MLAConfig', 'MLAModelConfig',
+           'deepseek_config_from_hf', 'tiny_deepseek_v3', 'expand_latents', 'expanded_attention', 'absorb_queries',
+           'latent_attention', 'absorbed_attention', 'FormCost', 'form_flops', 'cheaper_form', 'softmax_scale',
+           'MLAttention', 'interleaved_to_halves', 'mla_state_dict', 'deepseek_layer', 'mla_attention_shapes',
+           'deepseek_state_dict']
 
 # %% ../../nbs/06a_mla.ipynb #3047a65f
 @dataclass(frozen=True)
@@ -254,8 +256,9 @@ def _split_kv_b(cfg: ModelConfig, kv_b: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def mla_state_dict(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "A DeepSeek checkpoint's attention tensors -> MLAttention's: kv_b_proj split, q_proj renamed, rope rows in halves."
-    m, out = cfg.mla, dict(state_dict)
+    """A DeepSeek checkpoint's attention tensors -> MLAttention's: kv_b_proj split, q_proj renamed, rope rows in halves
+    (state_dict is changed in place and returned)."""
+    m, out = cfg.mla, state_dict
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}.self_attn."
         if p + "kv_b_proj.weight" not in out: continue  # already in the layer's own names
@@ -290,7 +293,9 @@ def deepseek_state_dict(cfg: MLAModelConfig, state_dict: dict[str, torch.Tensor]
     return stack_experts(cfg, mla_state_dict(cfg, state_dict))
 
 
+MLA_NOT_LINEAR = (r"\.kv_b_proj\.weight$", *MOE_NOT_LINEAR)  # kv_b_proj: split into k_up and v_up (einsum per head)
 DEEPSEEK_V2, DEEPSEEK_V3 = (
     Family(name, deepseek_config_from_hf, deepseek_layer, adapt_state_dict=deepseek_state_dict,
-           attention_shapes=mla_attention_shapes, float32_tensors=ROUTER_TENSORS)
+           attention_shapes=mla_attention_shapes, float32_tensors=ROUTER_TENSORS,
+           not_linear=MLA_NOT_LINEAR)
     for name in ("deepseek_v2", "deepseek_v3"))

@@ -20,9 +20,9 @@ from .layers import SwiGLUMLP
 from .qwen3 import DecoderLayer
 
 # %% auto #0
-__all__ = ['ROUTER_SCORINGS', 'TOPK_METHODS', 'DEEPSEEK_MOE_DEFAULTS', 'ROUTER_TENSORS', 'QWEN3_MOE', 'MoEConfig',
-           'MoEModelConfig', 'moe_from_hf', 'tiny_qwen3_moe', 'Routing', 'allowed_groups', 'Router', 'expert_load',
-           'grouped_mm_runs', 'grouped_matmul', 'Experts', 'SparseMoE', 'moe_layer', 'stack_experts',
+__all__ = ['ROUTER_SCORINGS', 'TOPK_METHODS', 'DEEPSEEK_MOE_DEFAULTS', 'ROUTER_TENSORS', 'MOE_NOT_LINEAR', 'QWEN3_MOE',
+           'MoEConfig', 'MoEModelConfig', 'moe_from_hf', 'tiny_qwen3_moe', 'Routing', 'allowed_groups', 'Router',
+           'expert_load', 'grouped_mm_runs', 'grouped_matmul', 'Experts', 'SparseMoE', 'moe_layer', 'stack_experts',
            'qwen3_moe_config_from_hf', 'moe_from_gguf']
 
 # %% ../../nbs/04a_moe.ipynb #743fb8ca
@@ -277,6 +277,7 @@ def stack_experts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> dict
 
 # %% ../../nbs/04a_moe.ipynb #aad5fc2c
 ROUTER_TENSORS = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")  # routers choose in float32, in any dtype
+MOE_NOT_LINEAR = (r"\.mlp\.experts\.", r"\.mlp\.gate\.weight$")  # experts' matrices (stacked [E, ...]), the router
 
 
 def qwen3_moe_config_from_hf(d: dict) -> MoEModelConfig:
@@ -297,4 +298,5 @@ def _qwen3_moe_from_gguf(fields: dict, get: Callable, names: frozenset[str]) -> 
 
 
 QWEN3_MOE = Family("qwen3_moe", qwen3_moe_config_from_hf, moe_layer, adapt_state_dict=stack_experts,
-                   gguf=GGUFReading("qwen3moe", _qwen3_moe_from_gguf), float32_tensors=ROUTER_TENSORS)
+                   gguf=GGUFReading("qwen3moe", _qwen3_moe_from_gguf), float32_tensors=ROUTER_TENSORS,
+                   not_linear=MOE_NOT_LINEAR)

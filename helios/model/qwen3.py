@@ -144,8 +144,8 @@ def rope_tables(self: CausalLM, positions: torch.Tensor, layers: range) -> list[
 
 # %% ../../nbs/03_model.ipynb #c79bf653
 def _dropped_tied_head(cfg: ModelConfig, state_dict: dict) -> dict:
-    "Some tied checkpoints still store lm_head.weight; the tie makes it redundant."
-    if cfg.tie_word_embeddings: return {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    "Some tied checkpoints still store lm_head.weight; the tie makes it redundant (taken out of state_dict)."
+    if cfg.tie_word_embeddings: state_dict.pop("lm_head.weight", None)
     return state_dict
 
 
@@ -154,9 +154,11 @@ STACKED_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_p
 
 
 def stack_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "The checkpoint's separate q/k/v and gate/up tensors (weights and biases) stacked by rows into our modules."
-    out = dict(state_dict)
-    for name in state_dict:
+    """The checkpoint's separate q/k/v and gate/up tensors (weights and biases) stacked by rows into our modules. The
+    parts are taken out of state_dict as they are stacked (it is changed in place and returned), so a large checkpoint
+    never holds its projections twice."""
+    out = state_dict
+    for name in list(state_dict):
         for stacked, parts in STACKED_PROJECTIONS.items():
             first = f".{parts[0]}."
             if first not in name: continue

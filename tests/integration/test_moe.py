@@ -112,7 +112,7 @@ def test_experts_already_gate_up_stacked(checkpoints):
     "Per-expert tensors whose gate and up were stacked first (chapter 03's stack_projections) load the same."
     folder, _ = checkpoints["e4_top1_tied"]
     cfg, sd = load_hf_config(folder), load_file(folder / "model.safetensors")
-    pre_stacked = stack_projections(sd)
+    pre_stacked = stack_projections(dict(sd))  # it takes the parts out of the dict it is given
     assert "model.layers.0.mlp.experts.2.gate_up_proj.weight" in pre_stacked
     a, b = stack_experts(cfg, sd), stack_experts(cfg, pre_stacked)
     for key in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
