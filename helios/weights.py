@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,7 +34,7 @@ __all__ = ['CPU_DEFAULT_DTYPE', 'BF16_MIN_CAPABILITY', 'DEFAULT_MODEL_PACKAGE', 
            'choose_matmul', 'layer_factory', 'build_model', 'qwen3_config_from_hf', 'llama_config_from_hf',
            'config_from_hf', 'load_hf_config', 'read_hf_config', 'gqa_attention_shapes', 'expected_shapes',
            'check_tensor_shapes', 'LoadedModel', 'read_config', 'read_tensors', 'read_and_build',
-           'check_linears_replaced', 'load_model']
+           'check_linears_replaced', 'keep_embedding_packed', 'load_model']
 
 # %% ../nbs/04_weights.ipynb #1ee4a76c
 CPU_DEFAULT_DTYPE = torch.float32  # activations on CPU, measured fastest (table above); weights: see load_model
@@ -308,7 +309,8 @@ def check_tensor_shapes(cfg: ModelConfig, found: dict[str, tuple[Path, tuple[int
             raise ModelFileError(file, f"tensor {name} has shape {list(got)}, but {config_file.name} implies {list(shape)}")
 
 # %% ../nbs/04_weights.ipynb #59cd4ead
-from .formats.gguf import GGUFFile, config_from_gguf, gguf_tensor_naming, gguf_tensor_shapes, load_gguf_tensors
+from .formats.gguf import (GGUFEmbedding, GGUFFile, config_from_gguf, gguf_tensor_naming, gguf_tensor_shapes,
+                                 load_gguf_tensors)
 from .formats.hf import LinearStorage, safetensors_shapes
 
 
@@ -366,6 +368,20 @@ def check_linears_replaced(model: nn.Module, stored: torch.dtype, family: Family
                                 "Linear multiplies them; the family's not_linear must name them")
 
 
+def keep_embedding_packed(model: nn.Module, reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype) -> bool:
+    """A GGUF model's embedding as the file's blocks (`GGUFEmbedding`) where that frees a table: the model's own
+    nn.Embedding, stored quantized or in float16, that no unreplaced tied head multiplies by; True if it was."""
+    embed, name = getattr(model.model, "embed_tokens", None), "model.embed_tokens.weight"
+    tied_table = cfg.tie_word_embeddings and isinstance(getattr(model, "lm_head", None), LMHead)  # a stage may have none
+    if type(embed) is not nn.Embedding or tied_table: return False
+    tensor_name = gguf_tensor_naming(cfg)
+    tensor = next((t for t in reader.tensors if tensor_name(t.name) == name), None)
+    if tensor is None or tensor.data.dtype == np.float32 or tuple(tensor.shape) != tuple(embed.weight.shape):
+        return False
+    model.model.embed_tokens = GGUFEmbedding(tensor, name, load_family(cfg.architecture).gguf, dtype)
+    return True
+
+
 def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", optimize: bool = True, matmul: str = AUTO,
                build: Callable[..., CausalLM] = read_and_build) -> LoadedModel:
@@ -387,5 +403,6 @@ def load_model(model: str | os.PathLike | None = None, dtype: str | torch.dtype 
         if from_file(net, reader, cfg) if from_file is not None else replace_linears(net, choice.value.make, linear_dtype):
             weight_dtype = choice.value.weight_dtype or dtype
     if linear_dtype is not None: check_linears_replaced(net, linear_dtype, family)
+    if reader is not None and device.type == "cpu": keep_embedding_packed(net, reader, cfg, dtype)
     return_freed_memory()  # the float32 copies dequantizing and rounding left behind
     return LoadedModel(net, cfg, path, reader, dtype, weight_dtype, device, time.perf_counter() - start, choice)

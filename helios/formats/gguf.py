@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_naming', 'gguf_tensor_shapes', 'load_gguf_tensors']
+__all__ = ['GGUF_MAGIC', 'GGUF_VERSIONS', 'GGUF_HEADER_BYTES', 'GGUF_DEFAULT_ALIGNMENT', 'GGUF_MAX_DIMS', 'GGUF_MAX_ARRAY_NESTING', 'GGUF_GLOBAL_NAMES', 'GGUF_LAYER_NAMES', 'GGUF_REQUIRED', 'GGUF_KINDS', 'GGUFTensor', 'GGUFFile', 'gguf_field', 'dequantize_tensor', 'hf_tensor_name', 'unpermute_rope', 'config_from_gguf', 'can_dequantize', 'gguf_tensor_naming', 'gguf_tensor_shapes', 'load_gguf_tensors', 'GGUFEmbedding']
 
 # %% ../../nbs/04_weights.ipynb #2d518522
 import functools
@@ -19,10 +19,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 from fastcore.basics import patch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import ModelConfig, YarnScaling
-from ..families import gguf_family, load_family
+from ..families import GGUFReading, gguf_family, load_family
 from .errors import ModelFileError, describe_value, require_positive
 from .hf import LinearStorage, tensor_dtype
 
@@ -353,3 +354,21 @@ def load_gguf_tensors(reader: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, de
         prefix = gate.removesuffix("gate_exps")
         tensors[prefix + "gate_up_proj"] = torch.cat([tensors.pop(gate), tensors.pop(prefix + "up_exps")], dim=1)
     return tensors
+
+# %% ../../nbs/04_weights.ipynb #g04e0a02
+class GGUFEmbedding(nn.Module):
+    """A GGUF model's embedding kept as the file's blocks (a memory-mapped view: nothing is copied): the rows a batch
+    looks up are dequantized then, to exactly the values `load_gguf_tensors` gives the table, in `dtype`."""
+    def __init__(self, tensor: GGUFTensor, name: str, reading: GGUFReading, dtype: torch.dtype):
+        super().__init__()
+        self.tensor, self.name, self.values, self.dtype = tensor, name, reading.tensor_values, dtype
+        self.num_embeddings, self.embedding_dim = tensor.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [...] -> [..., hidden] in dtype
+        from gguf.quants import dequantize
+        rows = ids.reshape(-1).cpu().numpy()
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.num_embeddings):
+            raise IndexError(f"token ids must lie in [0, {self.num_embeddings}), got {rows.min()} to {rows.max()}")
+        w = dequantize(self.tensor.data[rows], self.tensor.ggml_type).reshape(len(rows), self.embedding_dim)
+        if self.values is not None: w = self.values(self.name, w)
+        return torch.from_numpy(np.require(w, np.float32)).to(ids.device, self.dtype).view(*ids.shape, self.embedding_dim)
