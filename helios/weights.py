@@ -8,6 +8,7 @@ Docs: https://helios-engine.github.io/helios/weights.html.md"""
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -139,12 +140,20 @@ class LinearFactory(NamedTuple):
     takes_rounded: bool = False  # make(w) is make(w rounded to weight_dtype): the loader reads the weights so
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    "glibc's malloc_trim among the symbols the process has loaded, or None (musl, macOS, Windows)."
+    try: trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError): return None  # no handle on the process's own symbols here
+    if trim is not None: trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
 def return_freed_memory() -> None:
     """Hand what the C allocator holds free back to the OS (glibc's `malloc_trim`; elsewhere nothing). Freed tensors
     leave holes that later, differently sized ones do not always fill: without it the peak grows as linears are
     replaced, and the memory the float32 tensors had stays with the process."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the symbols the process has loaded (libc's among them)
-    if trim is not None: trim(0)
+    if (trim := _malloc_trim()) is not None: trim(0)
 
 
 def _replaceable(w, stored: torch.dtype | None = None) -> bool:
@@ -335,12 +344,13 @@ def read_config(path: Path) -> tuple[ModelConfig, GGUFFile | None]:
 
 
 def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
-                 select: TensorSelector | None = None, linear_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                 select: TensorSelector | None = None, linear_dtype: torch.dtype | None = None,
+                 not_linear: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with Hugging Face names, the family's `float32_tensors` in float32, the linears'
-    weights in linear_dtype (None: dtype); `select` keeps only part of them. Every shape is checked against the
-    config before any tensor is read."""
+    weights in linear_dtype (None: dtype; `not_linear`: patterns of matrices that are not, beside the family's);
+    `select` keeps only part of them. Every shape is checked against the config before any tensor is read."""
     family = load_family(cfg.architecture)
-    linears = None if linear_dtype is None else LinearStorage(linear_dtype, family.not_linear)
+    linears = None if linear_dtype is None else LinearStorage(linear_dtype, family.not_linear + not_linear)
     if reader is not None:
         shapes = gguf_tensor_shapes(reader, gguf_tensor_naming(cfg))
         check_tensor_shapes(cfg, {n: (path, s) for n, s in shapes.items()}, path)

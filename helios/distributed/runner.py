@@ -24,7 +24,8 @@ from ..scheduler import Sequence, TickPlan
 from ..weights import LoadedModel, load_model, read_tensors
 from .groups import Groups, ParallelLayout
 from .pipeline import SplitStates, StageRunner, TickInputs, broadcast_tick, split_micro_batches
-from .shard import build_shard_model, plan_shard, sum_partial_outputs, tensor_selector
+from .shard import (RANK_NOT_LINEAR, build_shard_model, plan_shard, sum_partial_outputs,
+                                      tensor_selector)
 
 STOP_WAIT_S = 10.0                              # for workers to exit after rank 0 says stop
 
@@ -34,7 +35,8 @@ def load_rank(path: Path, dtype, device, config: EngineConfig, layout: ParallelL
     tensor is read (safetensors) or kept (GGUF, dequantized one at a time); then the row-parallel sums go in."""
     def build(cfg, path, reader, dtype, device, linear_dtype=None):
         shard = plan_shard(cfg, layout)
-        tensors = read_tensors(path, cfg, reader, dtype, device, tensor_selector(cfg, shard), linear_dtype)
+        tensors = read_tensors(path, cfg, reader, dtype, device, tensor_selector(cfg, shard), linear_dtype,
+                               RANK_NOT_LINEAR)
         return build_shard_model(cfg, shard, tensors, groups.tp)
     loaded = load_model(path, dtype=dtype, device=device, matmul=config.matmul, build=build)
     sum_partial_outputs(loaded.model, groups.tp)  # after the matmuls were chosen: it wraps the chosen modules

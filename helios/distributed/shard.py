@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['ALL', 'split_range', 'Shard', 'plan_shard', 'shard_config', 'row_part', 'column_part', 'tensor_selector', 'VocabParallelEmbedding', 'VocabParallelHead', 'LocalExperts', 'RowParallel', 'sum_partial_outputs', 'build_shard_model']
+__all__ = ['ALL', 'RANK_NOT_LINEAR', 'split_range', 'Shard', 'plan_shard', 'shard_config', 'row_part', 'column_part', 'tensor_selector', 'VocabParallelEmbedding', 'VocabParallelHead', 'LocalExperts', 'RowParallel', 'sum_partial_outputs', 'build_shard_model']
 
 # %% ../../nbs/16_parallel.ipynb #ff80e0c5
 import dataclasses
@@ -176,6 +176,9 @@ class VocabParallelEmbedding(nn.Module):
         elsewhere = (local < 0) | (local >= self.weight.shape[0])
         x = F.embedding(local.masked_fill(elsewhere, 0), self.weight).masked_fill(elsewhere[..., None], 0)
         return self.tp.all_reduce(x)
+
+
+RANK_NOT_LINEAR = (r"^lm_head\.weight$",)  # a rank's head is a VocabParallelHead, no Linear: kept in the model's dtype
 
 
 class VocabParallelHead(nn.Module):

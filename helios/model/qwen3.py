@@ -92,12 +92,12 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        "Where the weights live (the first weight's device: the embedding table's, in a model that has one)."
+        "Where the weights live (the first weight's device: the embedding table's, where the model holds one)."
         return next(self.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
-        "The weights' floating-point type (the first floating-point weight's: the embedding table's, in a model that has one)."
+        "The weights' floating-point type (the first floating-point weight's: the embedding table's, where the model holds one)."
         return next(p.dtype for p in self.parameters() if p.is_floating_point())
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None,

@@ -4,6 +4,7 @@ import pytest
 
 from conftest import save_family, save_tiny, with_smollm2_tokenizer
 from helios import LLM, SamplingParams
+from helios.registry import NotApplicable
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 SETTINGS = dict(dtype="float32", device="cpu", max_batch_size=4, prefill_chunk_size=32, page_size=16, quiet=True)
@@ -93,3 +94,15 @@ def test_the_default_gguf_model_over_three_ranks_and_over_two_stages(smollm2_ggu
     for layout in (dict(tensor_parallel_size=3), dict(pipeline_parallel_size=2)):
         with LLM(smollm2_gguf, **settings, **layout) as llm:
             assert [o.token_ids for o in llm.generate(chat, GREEDY, use_tqdm=False)] == alone, layout
+
+
+def test_the_default_dtype_keeps_each_ranks_untied_head_in_float32(tmp_path, smollm2_gguf):
+    "Under auto the ranks read the layers' matrices in the matmul's dtype; a rank's own head (no Linear) stays float32."
+    folder = with_smollm2_tokenizer(save_tiny("qwen3_untied", tmp_path, vocab_size=VOCAB), smollm2_gguf)
+    settings = dict(SETTINGS, dtype="auto", matmul="c")
+    try:
+        with LLM(folder, **settings) as one: alone = generate(one)
+    except NotApplicable as e: pytest.skip(str(e))
+    for tp, pp in ((2, 1), (1, 2)):
+        with LLM(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp, **settings) as llm:
+            assert generate(llm) == alone, f"tp={tp} pp={pp}"
