@@ -364,8 +364,8 @@ def read_tensors(path: Path, cfg: ModelConfig, reader: GGUFFile | None, dtype: t
 def read_and_build(cfg: ModelConfig, path: Path, reader: GGUFFile | None, dtype: torch.dtype, device: torch.device,
                    linear_dtype: torch.dtype | None = None) -> CausalLM:
     "The whole model from every tensor of the checkpoint (chapter 16 builds one rank's part instead)."
-    try: return build_model(cfg, read_tensors(path, cfg, reader, dtype, device, linear_dtype=linear_dtype))  # held by
-                                                 # no name here: the model adopts the tensors as the dict gives them up
+    # no name here holds the tensors' dict: the model adopts each tensor as the dict gives it up
+    try: return build_model(cfg, read_tensors(path, cfg, reader, dtype, device, linear_dtype=linear_dtype))
     except RuntimeError as e:  # tensors missing or left over once the shared parts matched the config
         if "state_dict" not in str(e): raise
         raise ModelFileError(path, f"its tensors do not make a {cfg.architecture} model: {e}") from None

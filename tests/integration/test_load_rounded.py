@@ -39,9 +39,16 @@ def checkpoint(kind: str, folder):
 def test_read_rounded_is_the_model_replaced_from_float32(kind, matmul, tmp_path):
     if matmul == "c-bf16" and not native_bf16(): pytest.skip("this CPU has no native bfloat16 products")
     folder = checkpoint(kind, tmp_path)
-    try: rounded = load_model(folder, matmul=matmul)
+    asked = []  # the dtype load_model asks the build to read the linears' weights in
+
+    def recording(cfg, path, reader, dtype, device, linear_dtype=None):
+        asked.append(linear_dtype)
+        return read_and_build(cfg, path, reader, dtype, device, linear_dtype)
+
+    try: rounded = load_model(folder, matmul=matmul, build=recording)
     except NotApplicable as e: pytest.skip(str(e))
-    assert rounded.matmul.value.takes_rounded
+    assert rounded.matmul.value.takes_rounded and asked == [rounded.matmul.value.weight_dtype]
+    assert asked[0] in (torch.bfloat16, torch.float16)
     before = load_model(folder, matmul=matmul, build=float32_first)
     ids, pos = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), torch.arange(8)[None]
     assert torch.equal(rounded.model(ids, pos), before.model(ids, pos))
