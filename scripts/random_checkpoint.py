@@ -44,8 +44,11 @@ def write(out: Path, shape: str, dtype: torch.dtype) -> Path:
     model.save_pretrained(out)
     tok = load_tokenizer(default_model_path())
     tok.backend.save(str(out / "tokenizer.json"))
+    # tokenizer_class: without it transformers reads the folder with the class of config.json's model_type (Qwen2's),
+    # whose own pre-tokenizer splits text differently from SmolLM2's, and llama.cpp's converter then knows no such tokenizer
     (out / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
+        {"chat_template": tok.chat_template_source, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>",
+         "tokenizer_class": "PreTrainedTokenizerFast"}))
     return out
 
 

@@ -107,7 +107,8 @@ async def run_benchmark(base_url: str, model: str, specs: list[RequestSpec], *, 
     from tqdm import tqdm
     from helios.bench.metrics import compute_metrics, machine_info
     rng = np.random.default_rng(seed)
-    limits = httpx.Limits(max_connections=len(specs) + warmup + 8)
+    # a new connection per request: a kept-alive one that the server closes as the next request goes out fails it
+    limits = httpx.Limits(max_connections=len(specs) + warmup + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         # short prompts that share no prefix with the measured ones, so no cache is warmed for them
         warm = [RequestSpec("warmup", f"Warm-up request {i}: say hello.", 4) for i in range(warmup)]

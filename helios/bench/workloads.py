@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'COPY_INSTRUCTION', 'WORKLOADS', 'WORKLOAD_CONCURRENCY', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'json16', 'seed30', 'copy8']
+__all__ = ['CHAT_QUESTIONS', 'LONG_JSON_SCHEMA', 'COPY_INSTRUCTION', 'WORKLOADS', 'WORKLOAD_CONCURRENCY', 'real_text', 'RequestSpec', 'text_of_tokens', 'helios30', 'prefix_share', 'prefix_spill', 'shared_pages', 'chat_short', 'decode16', 'decode1', 'json16', 'seed30', 'copy8']
 
 # %% ../../nbs/14_benchmark.ipynb #25a80683
 import functools
@@ -102,6 +102,13 @@ def decode16(tokenizer, seed: int = 0) -> list[RequestSpec]:
     ids, rng = tokenizer.encode(real_text()), random.Random(seed)
     return [RequestSpec("decode-16", text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), 128), 64) for _ in range(16)]
 
+
+def decode1(tokenizer, seed: int = 0, num_requests: int = 4) -> list[RequestSpec]:
+    "4 requests of 128 prompt and 128 output tokens sent one after another: batch-1 decode, a desktop's speed."
+    ids, rng = tokenizer.encode(real_text()), random.Random(seed)
+    return [RequestSpec("decode-1", text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), 128), 128)
+            for _ in range(num_requests)]
+
 # %% ../../nbs/14_benchmark.ipynb #b9e7fae8
 # An answer that cannot end within decode-16's 64 tokens: every request of json-16 is constrained for all of them
 LONG_JSON_SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 64, "maxItems": 64,
@@ -131,6 +138,6 @@ def copy8(tokenizer, seed: int = 0, num_requests: int = 8, passage_tokens: int =
                         passage_tokens), max_tokens, chat=True) for _ in range(num_requests)]
 
 
-WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "json-16": json16,
-             "chat-short": chat_short, "prefix-spill": prefix_spill, "seed-30": seed30, "copy-8": copy8}
-WORKLOAD_CONCURRENCY = {"seed-30": 8, "copy-8": 2}  # a workload's own closed loop of client workers (--max-concurrency overrides)
+WORKLOADS = {"helios-30": helios30, "prefix-share": prefix_share, "decode-16": decode16, "decode-1": decode1,
+             "json-16": json16, "chat-short": chat_short, "prefix-spill": prefix_spill, "seed-30": seed30, "copy-8": copy8}
+WORKLOAD_CONCURRENCY = {"seed-30": 8, "copy-8": 2, "decode-1": 1}  # a workload's own closed loop of client workers (--max-concurrency overrides)

@@ -84,6 +84,20 @@ def test_compare_prints_ratios(tiny_server, tmp_path):
     assert sends[-1] - sends[0] > 0.2  # Poisson arrivals are spread out, not all at once
 
 
+def test_decode_1_sends_one_request_at_a_time(tiny_server, tmp_path):
+    "decode-1 is batch-1 decode: its own closed loop of one client worker, so no two requests overlap."
+    from helios.bench.report import load_run
+    out = tmp_path / "single.json"
+    r = run_bench("--base-url", tiny_server.url + "/v1", "--model", "tiny", "--workload", "decode-1", "--out", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    run = load_run(out)
+    m = run.metrics["overall"]
+    assert m["peak_concurrency"] == 1 and m["output_tokens"] == 4 * 128 and m["errors"] == 0
+    spans = sorted((rec.send_s, rec.end_s) for rec in run.records)
+    assert all(end <= next_send for (_, end), (next_send, _) in zip(spans, spans[1:]))
+    assert m["decode_tok_s_p50"] > 0
+
+
 def test_repeat_reports_the_median_of_each_metric(tiny_server, tmp_path):
     from helios.bench.report import load_run
     out = tmp_path / "rep.json"

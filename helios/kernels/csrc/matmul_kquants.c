@@ -3,8 +3,9 @@
    weight's type (256 for the K types, with the sum of every 16 values beside, as llama.cpp's Q8_K; 32 for the others),
    and each block's product is a sum of integer dot products of unsigned weight codes (0..15, 0..31 or 0..63) and
    signed activations, each sub-block's scaled by its integer sub-block scale; the codes' offsets and mins come in
-   through the activation sums. A block's integer sum is exact in every variant; it is then scaled by the float scales
-   and added up. Variants, one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2
+   through the activation sums. A block's integer products are exact in every variant. The vector variants then keep
+   8 float lanes per row across the weight row: each super-block's int32 lanes are scaled by its float scales into
+   them, and they are added once, at the end, in a fixed order; portable C scales each block's whole sum. Variants, one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2
    (VPMADDUBSW then VPMADDWD) and portable C. A weight block is unpacked once for up to 8 rows, and each row's sums run
    the same instructions whatever the other rows are, so a request batched with others gets the bits it gets alone. */
 #include <math.h>
@@ -75,6 +76,21 @@ static inline void q4_k_scale_min(const uint8_t *s, int j, int *scale, int *min)
     else { *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4); *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
 }
 
+/* All 8 scales then all 8 mins of a Q4_K block as 16 bytes, with four bytes to a word at a time: the 12 bytes hold
+   scales 0..3 and mins 0..3 in their low 6 bits (bytes 0..3 and 4..7), and the low and high nibbles of bytes 8..11
+   are scales 4..7 and mins 4..7, whose top 2 bits are the top bits of bytes 0..3 and 4..7. */
+static inline void q4_k_scales_mins(const uint8_t *s, uint8_t out[16]) {
+    uint32_t a, b, c, v[4];
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    v[0] = a & 0x3f3f3f3f;
+    v[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
+    v[2] = b & 0x3f3f3f3f;
+    v[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
+    memcpy(out, v, 16);
+}
+
 #if defined(__AVX2__)
 /* The integer products of one 32-byte group: VPMADDUBSW (codes at most 63, so no pair saturates), then each pair of
    pairs times the sub-block scales sc (16 int16 lanes) into acc: VPDPWSSD with VNNI, VPMADDWD and VPADDD without. */
@@ -87,14 +103,10 @@ static inline __m256i dot_scaled(__m256i acc, __m256i codes, const int8_t *x, __
 #endif
 }
 
-static inline int32_t hsum8(__m256i v) {  /* the 8 int32 lanes: exact, so the order does not matter */
-    const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    const __m128i two = _mm_add_epi32(four, _mm_shuffle_epi32(four, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 0xb1)));
-}
-
-static inline __m256i two_scales(int a, int b) {  /* lanes 0..7 a, 8..15 b: a 32-byte group of two 16-value parts */
-    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 #endif
 
@@ -105,22 +117,27 @@ enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
 /* Q4_K and Q5_K (Q4_K's layout with a fifth bit per code, 32 bytes of them between the scales and the low 4 bits):
    rows [0, R) of xq times one weight row w of nb super-blocks, into y[r * ldy]. Per super-block: the 8 sub-block scales
    and mins unpacked and the codes (0..15, or 0..31 with the fifth bits) split into 8 groups of 32 once; then, per row,
-   isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly, and acc += d_x (d isc - dmin imin).
+   isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly (in 8 int32 lanes in the vector variants),
+   and acc += d_x (d isc - dmin imin) (lane by lane; y the lanes' sum).
    Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one). */
 static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd,
                                                               const int16_t *xs, int64_t nb, int R, float *y,
                                                               int64_t ldy, enum k_min_kind kind) {
     const int five = kind == Q5_K_KIND;
+#if defined(__AVX2__)
+    __m256 acc[ROWS], accm[ROWS];  /* per row: 8 float lanes of d d_x isc, and of dmin d_x imin, added at the end */
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+#else
     float acc[ROWS] = {0};
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * (five ? Q5_K_BYTES : Q4_K_BYTES), *qh = wb + 16, *qs = wb + (five ? 48 : 16);
         const float d = fp16(wb), dmin = fp16(wb + 2);
-        int sc[8], mn[8];
-        for (int j = 0; j < 8; j++) q4_k_scale_min(wb + 4, j, &sc[j], &mn[j]);
 #if defined(__AVX2__)
-        const __m256i low4 = _mm256_set1_epi8(0x0f);
+        uint8_t sm[16];  /* the 8 scales, then the 8 mins, as bytes */
+        q4_k_scales_mins(wb + 4, sm);
         __m256i codes[8], scale[8];
-        int16_t mins[16];
         for (int c = 0; c < 4; c++) {  /* 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high */
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             codes[2 * c] = _mm256_and_si256(q, low4);
@@ -132,20 +149,24 @@ static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, c
                 codes[j] = _mm256_or_si256(codes[j],
                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, j), one), 4));
         }
-        for (int j = 0; j < 8; j++) {
-            scale[j] = _mm256_set1_epi16((short)sc[j]);
-            mins[2 * j] = mins[2 * j + 1] = (int16_t)mn[j];  /* one per 16 activations, as their sums are kept */
-        }
-        const __m256i min16 = _mm256_loadu_si256((const __m256i *)mins);
+        const __m128i both = _mm_loadu_si128((const __m128i *)sm);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(both));  /* scales 0..7 in each half */
+        for (int j = 0; j < 8; j++) scale[j] = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+        const __m256i min32 = _mm256_cvtepu8_epi32(_mm_srli_si128(both, 8));  /* mins 0..7, one per int32 lane */
         for (int r = 0; r < R; r++) {
             const int8_t *x = xq + (r * nb + b) * QK_K;
             __m256i sum = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) sum = dot_scaled(sum, codes[j], x + 32 * j, scale[j]);
-            const int32_t isc = hsum8(sum);
-            const int32_t imin = hsum8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), min16));
-            acc[r] += xd[r * nb + b] * (d * (float)isc - dmin * (float)imin);
+            /* lane j: sub-block j's activation sum (its two sums of 16) times its min, exact */
+            const __m256i sums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), ones);
+            const float dx = xd[r * nb + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sum), acc[r]);
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, min32)),
+                                      accm[r]);
         }
 #else
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; j++) q4_k_scale_min(wb + 4, j, &sc[j], &mn[j]);
         uint8_t codes[QK_K];
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
@@ -169,7 +190,11 @@ static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, c
         }
 #endif
     }
+#if defined(__AVX2__)
+    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]) - sum8(accm[r]);
+#else
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+#endif
 }
 
 static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
@@ -179,10 +204,20 @@ static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const
                       float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q5_K_KIND); }
 
 /* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
-   isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum. */
+   isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum (in 8
+   lanes in the vector variants, as for Q4_K). */
 static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) {
+#if defined(__AVX2__)
+    __m256 acc[ROWS];  /* per row: 8 float lanes of d d_x isum, added at the end */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256i pick[4];  /* shuffles that spread scale 2m over the low half and scale 2m + 1 over the high one */
+    for (int m = 0; m < 4; m++)
+        pick[m] = _mm256_set_m128i(_mm_set1_epi16((short)((4 * m + 2) | (4 * m + 3) << 8)),
+                                   _mm_set1_epi16((short)((4 * m) | (4 * m + 1) << 8)));
+#else
     float acc[ROWS] = {0};
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * Q6_K_BYTES, *ql = wb, *qh = wb + 128;
         const int8_t *sc = (const int8_t *)(wb + 192);
@@ -201,14 +236,18 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
                 codes[4 * h + k] = _mm256_or_si256(low[k], _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), low2), 4));
         }
-        for (int k = 0; k < 8; k++) scale[k] = two_scales(sc[2 * k], sc[2 * k + 1]);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const __m256i first = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));  /* scales 0..7 in each half */
+        const __m256i second = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));  /* 8..15 */
+        for (int k = 0; k < 8; k++) scale[k] = _mm256_shuffle_epi8(k < 4 ? first : second, pick[k % 4]);
         for (int r = 0; r < R; r++) {
             const int8_t *x = xq + (r * nb + b) * QK_K;
             __m256i sum = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) sum = dot_scaled(sum, codes[k], x + 32 * k, scale[k]);
             const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), sc16);
-            acc[r] += xd[r * nb + b] * (d * (float)hsum8(_mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5))));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb + b]),
+                                     _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5))), acc[r]);
         }
 #else
         uint8_t codes[QK_K];
@@ -230,7 +269,11 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
         }
 #endif
     }
+#if defined(__AVX2__)
+    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);
+#else
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+#endif
 }
 
 /* The blocks of 32: Q4_0 (w = d (q - 8), 4-bit codes), Q4_1 (w = d q + m) and Q5_0 (w = d (q - 16), a fifth bit per
@@ -240,14 +283,6 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
    portable C adds per block. */
 enum small_kind { Q4_0_KIND, Q4_1_KIND, Q5_0_KIND };
 static const int SMALL_BYTES[] = {Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES}, SMALL_OFFSET[] = {8, 0, 16};
-
-#if defined(__AVX2__)
-static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
-    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-}
-#endif
 
 static inline void rows_small(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb,
                               int R, float *y, int64_t ldy, enum small_kind kind) {
