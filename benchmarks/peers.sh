@@ -8,7 +8,7 @@
 #
 # Every engine is started first, each on its own port (one after another, so each start-up is timed
 # alone); the workloads then run in REPEAT rounds, and each round runs every engine once, the engines'
-# order rotating from round to round. A shared machine drifts over minutes, so repetitions spread over
+# order rotating from round to round (with ONE_AT_A_TIME=1 each round starts, benches and stops every engine in turn). A shared machine drifts over minutes, so repetitions spread over
 # the whole run hit every engine alike; each metric is the median of an engine's REPEAT repetitions
 # (`helios bench --merge`). Idle servers do not compete: none of the three spins while it waits.
 #
@@ -30,6 +30,7 @@
 # count up), FORBID_EOS (1: also ban EOS through logit_bias; 0: rely on
 # ignore_eos, which all three engines honour), SUFFIX (appended to labels).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing step inside $(...) (a build, a conversion) stops the script too
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$HOME/.cache/helios-peers}
 OUT=${OUT:-$REPO/benchmarks/results}
@@ -93,7 +94,7 @@ install_vllm() {
 }
 
 build_llama_server() {
-  if [ ! -x "$PEERS/bin/llama-server" ]; then
+  if [ ! -x "$PEERS/bin/llama-server" ] || [ ! -x "$PEERS/bin/llama-quantize" ]; then
     log "building llama-server from the llama.cpp sources vendored in llama-cpp-python's sdist"
     local src=$PEERS/llama-src
     rm -rf "$src" && mkdir -p "$src"
@@ -122,10 +123,12 @@ random_gguf() {  # $1 a llama-quantize type: Qwen3-1.7B's random folder as llama
       # its Qwen classes import sentencepiece before they look for a tokenizer.model (this folder has tokenizer.json)
       python -c "import sentencepiece" 2> /dev/null || python -m pip install -q sentencepiece >&2
       python "$(ls -d "$PEERS"/llama-src/llama_cpp_python-*/vendor/llama.cpp)/convert_hf_to_gguf.py" "$HF_DIR" \
-        --outtype bf16 --outfile "$bf16" > "$PEERS/convert.log" 2>&1
+        --outtype bf16 --outfile "$bf16.part" > "$PEERS/convert.log" 2>&1
+      mv "$bf16.part" "$bf16"  # under its name only once whole: a run stopped halfway makes it again
     fi
     log "quantizing to $1 with llama-quantize"
-    LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-quantize" "$bf16" "$out" "$1" > "$PEERS/quantize-$1.log" 2>&1
+    LD_LIBRARY_PATH="$PEERS/bin" "$PEERS/bin/llama-quantize" "$bf16" "$out.part" "$1" > "$PEERS/quantize-$1.log" 2>&1
+    mv "$out.part" "$out"
   fi
   echo "$out"
 }
@@ -135,6 +138,7 @@ engine_gguf() {  # $1 an engine: the GGUF file it reads, the one its -q8_0 or -q
     qwen3-1.7b:*-q8_0) random_gguf Q8_0 ;;
     qwen3-1.7b:*-q4_k_m) random_gguf Q4_K_M ;;
     qwen3-1.7b:*) random_gguf "$QUANT" ;;
+    *-q8_0|*-q4_k_m) log "$1: only MODEL=qwen3-1.7b has a file per quantization"; return 2 ;;
     *) echo "$GGUF" ;;
   esac
 }
@@ -154,11 +158,11 @@ start_server() {  # $1 label, $2 port, $3 flags description, rest: the server co
   [ "$FORBID_EOS" = 1 ] && flags="$flags; EOS banned by logit_bias"
   log "starting $label on port $port: $*"
   local start=$SECONDS
-  "$@" > "$OUT/$label.server.log" 2>&1 &
+  "$@" > "$OUT/$label.server${ROUND:+.$ROUND}.log" 2>&1 &
   PIDS[$label]=$! PORTS[$label]=$port FLAGS[$label]=$flags
   LABELS+=("$label")  # before waiting: a server that never gets ready is still stopped on exit
   wait_ready "${PIDS[$label]}" "$port"
-  echo "$label start-up: $((SECONDS - start)) s" | tee "$OUT/$label.startup.txt"
+  echo "$label start-up: $((SECONDS - start)) s" | tee "$OUT/$label.startup${ROUND:+.$ROUND}.txt"
 }
 
 stop_servers() {
@@ -174,7 +178,7 @@ print(json.dumps({**probe_machine(threads=$THREADS, seconds=2.0), **machine_info
 
 start_engine() {  # $1 an engine, $2 its port
   local engine=$1 port=$2 gguf= model
-  [ "$MODEL" = qwen3-1.7b ] && case $engine in helios*|llama*) gguf=$(engine_gguf "$engine") ;; esac
+  case $engine in helios*|llama*) gguf=$(engine_gguf "$engine") ;; esac
   model=("${HELIOS_MODEL[@]}"); [ "$MODEL" = qwen3-1.7b ] && model=(--model "$gguf" --served-model-name "$NAME")
   case ${engine%-q*} in
     helios|helios-bf16|helios-fast|helios-ngram|helios-fast-ngram|helios-packed)
@@ -185,11 +189,11 @@ start_engine() {  # $1 an engine, $2 its port
       case $engine in *-bf16*) flags+=(--matmul c-bf16) ;; esac
       case $engine in *-packed*) flags+=(--matmul c-packed) ;; esac
       case $engine in *-fast*) flags+=(--matmul c-bf16 --kv-cache-dtype float16) ;; esac
-      case $engine in *-ngram) flags+=(--speculative ngram) ;; esac
+      case $engine in *-ngram*) flags+=(--speculative ngram) ;; esac
       start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32 ${flags[*]:-(defaults: auto)}${gguf:+ ($(basename "$gguf"))}" \
         helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${model[@]}" "${flags[@]}" ;;
     helios-avx2)  # Helios with its kernels built in a narrower variant than this CPU's (appendix 92, HELIOS_CPU_ISA)
-      start_server helios-avx2 "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
+      start_server "$engine" "$port" "helios serve --threads $THREADS --max-batch-size 32, HELIOS_CPU_ISA=avx2" \
         env HELIOS_CPU_ISA=avx2 helios serve --port "$port" --threads "$THREADS" --max-batch-size 32 "${model[@]}" ;;
     helios-base)  # python -P: the working directory (perhaps this repository, the code under test) is not searched
       rev=$(git -C "$REPO" rev-parse --short "${BASE_REV:?helios-base needs BASE_REV, a commit to compare against}")
@@ -237,7 +241,7 @@ if [ "$ONE_AT_A_TIME" = 1 ]; then  # each round starts, benches and stops every 
   RUN=()
   for round in $(seq 1 "$REPEAT"); do
     for i in $(seq 0 $((n - 1))); do
-      start_engine "${ENGINE_LIST[$(( (i + round - 1) % n ))]}" "$PORT"
+      ROUND=$round start_engine "${ENGINE_LIST[$(( (i + round - 1) % n ))]}" "$PORT"
       label=${LABELS[0]}
       bench_label "$label" "$round"
       stop_servers
@@ -261,7 +265,7 @@ for w in $WORKLOADS; do
     if [ ${#singles[@]} -eq 0 ]; then log "$label: no run of $w to merge"; continue; fi
     helios bench --merge "${singles[@]}" --out "$OUT/$w.$label.json" > "$OUT/$w.$label.md" || log "$label: merging $w failed"
   done
-  runs=$( (ls "$OUT"/$w.helios.json 2>/dev/null; ls "$OUT"/$w.*.json) | awk '!seen[$0]++')  # Helios first, if it ran
+  runs=$( (ls "$OUT"/$w.helios.json 2>/dev/null || true; ls "$OUT"/$w.*.json) | awk '!seen[$0]++')  # Helios first, if it ran
   helios bench --compare $runs --plot "$OUT/$w.png" > "$OUT/$w.compare.md"
   log "wrote $OUT/$w.compare.md"
 done

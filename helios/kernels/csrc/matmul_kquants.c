@@ -5,8 +5,9 @@
    signed activations, each sub-block's scaled by its integer sub-block scale; the codes' offsets and mins come in
    through the activation sums. A block's integer products are exact in every variant. The vector variants then keep
    8 float lanes per row across the weight row: each super-block's int32 lanes are scaled by its float scales into
-   them, and they are added once, at the end, in a fixed order; portable C scales each block's whole sum. Variants, one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2
-   (VPMADDUBSW then VPMADDWD) and portable C. A weight block is unpacked once for up to 8 rows, and each row's sums run
+   them, and they are added once, at the end, in a fixed order; portable C scales each block's whole sum. Variants,
+   one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2 (VPMADDUBSW then VPMADDWD) and
+   portable C. A weight block is unpacked once for up to 8 rows, and each row's sums run
    the same instructions whatever the other rows are, so a request batched with others gets the bits it gets alone. */
 #include <math.h>
 #include <stdint.h>
