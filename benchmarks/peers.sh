@@ -8,8 +8,8 @@
 #
 # Every engine is started first, each on its own port (one after another, so each start-up is timed
 # alone); the workloads then run in REPEAT rounds, and each round runs every engine once, the engines'
-# order rotating from round to round (with ONE_AT_A_TIME=1 each round starts, benches and stops every engine in turn). A shared machine drifts over minutes, so repetitions spread over
-# the whole run hit every engine alike; each metric is the median of an engine's REPEAT repetitions
+# order rotating from round to round (with ONE_AT_A_TIME=1 each round starts, benches and stops every engine in
+# turn). A shared machine drifts over minutes, so repetitions spread over the whole run hit every engine alike; each metric is the median of an engine's REPEAT repetitions
 # (`helios bench --merge`). Idle servers do not compete: none of the three spins while it waits.
 #
 # Environment: ENGINES (helios vllm-fp32-all vllm-fp32 llama; also vllm-bf16 and vllm-bf16-all; -all: vLLM
@@ -64,10 +64,11 @@ ONE_AT_A_TIME=${ONE_AT_A_TIME:-0}
 
 hf_folder() {  # vLLM cannot read this GGUF: dequantize it once into a Hugging Face folder, one per model
   local dir=$HF_DIR
-  if [ "$MODEL" = qwen3-1.7b ] && [ ! -f "$dir/config.json" ]; then
+  if [ -f "$dir/config.json" ]; then :
+  elif [ "$MODEL" = qwen3-1.7b ]; then  # no GGUF to start from: the folder is the source of the files
     log "writing Qwen3-1.7B's shape with random weights to $dir"
     python "$REPO/scripts/random_checkpoint.py" "$dir" --shape qwen3-1.7b >&2
-  elif [ ! -f "$dir/config.json" ]; then
+  else
     log "converting the GGUF to a safetensors folder for vLLM"
     python - "$GGUF" "$dir" <<'PY'
 import sys

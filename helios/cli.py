@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from .bench.workloads import WORKLOADS
+from .bench.workloads import WORKLOAD_CONCURRENCY, WORKLOADS
 from .config import EngineConfig, Setting, settings
 from .registry import Unavailable
 
@@ -182,7 +182,8 @@ def _bench_parser(sub) -> argparse.ArgumentParser:
     bench.add_argument("--workload", default="helios-30", choices=list(WORKLOADS), help="the fixed set of requests to send (listed below)")
     bench.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     bench.add_argument("--max-concurrency", type=int, default=None,
-                       help="client workers, each sending its next request when its last ends (default: the workload's; seed-30: 8, copy-8: 2, decode-1: 1)")
+                       help="client workers, each sending its next request when its last ends (default: the workload's; "
+                            + ", ".join(f"{name}: {n}" for name, n in WORKLOAD_CONCURRENCY.items()) + ")")
     bench.add_argument("--seed", type=int, default=0, help="the run's random seed")
     bench.add_argument("--warmup", type=int, default=2, help="uncounted warm-up requests")
     bench.add_argument("--repeat", type=int, default=1, help="run the workload N times; report each metric's median")

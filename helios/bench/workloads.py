@@ -104,7 +104,7 @@ def decode16(tokenizer, seed: int = 0) -> list[RequestSpec]:
 
 
 def decode1(tokenizer, seed: int = 0, num_requests: int = 4) -> list[RequestSpec]:
-    "4 requests of 128 prompt and 128 output tokens sent one after another: batch-1 decode, a desktop's speed."
+    "num_requests (4) requests of 128 prompt and 128 output tokens sent one after another: batch-1 decode, a desktop's speed."
     # prompts of their own: decode-16's first four would be in a server's prefix cache when it runs next
     ids, rng = tokenizer.encode(real_text()), random.Random(f"decode-1/{seed}")
     return [RequestSpec("decode-1", text_of_tokens(tokenizer, ids, rng.randrange(len(ids)), 128), 128)
