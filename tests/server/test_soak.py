@@ -10,9 +10,10 @@ What must hold (scripts/soak.py's `soak`; a failure lists every check that broke
 - no 5xx and no wrong answer over the whole run;
 - after the warm-up (30 s here, 2 min in the long run), resident memory (VmRSS) ends within +32 MiB and open file
   descriptors within +4 of their post-warm-up values;
-- the fastest of 10 identical probes (32 greedy tokens) on the idle server at the end within 20% of the start (each
-  the best of up to four rounds, 2 s apart: a neighbour's load only adds time and comes and goes, so it passes; a
-  real slow-down slows every probe of every round and fails);
+- the fastest of 10 identical probes (32 greedy tokens) on the idle server at the end within 20% of the fastest of
+  10 on a fresh server started beside it with the same flags, the two probed in turns (each the best of up to four
+  rounds, 2 s apart: a neighbour's load only adds time, comes and goes, and falls on both servers alike, so it
+  passes; a slow-down the soak left behind slows every probe of the soaked server in every round and fails);
 - idle at the end: no request running or waiting, no page used on the device or the host tier;
 - every /metrics counter's growth equals what the client saw: finished choices, prompt and generated tokens (usage
   of every API), finished requests (e2e histogram count), cancels, and errors by status.
@@ -32,7 +33,10 @@ import json
 import os
 import re
 import threading
+import time
 from collections import deque
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -44,17 +48,34 @@ soak = load_script("soak")
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4   # the tiny checkpoint: 2 layers, K and V, 2 KV heads of 32, float32
 
 
-@pytest.fixture
-def server(tiny_tools_folder):
-    s = Server("--model", str(tiny_tools_folder), *soak.serve_flags(KV_BYTES_PER_TOKEN), log_level="error")
+def start(folder) -> Server:
+    s = Server("--model", str(folder), *soak.serve_flags(KV_BYTES_PER_TOKEN), log_level="error")
     s.log = deque(maxlen=200)   # its output, read all along: a full pipe would stall a server that logs
     threading.Thread(target=lambda: s.log.extend(s.proc.stdout), daemon=True).start()
+    return s
+
+
+@pytest.fixture
+def server(tiny_tools_folder):
+    s = start(tiny_tools_folder)
+    s.folder = tiny_tools_folder
     yield s
     s.stop()
 
 
+@contextmanager
+def fresh(folder):
+    "A second server like the soaked one, new, for the probe at the end."
+    s = start(folder)
+    try:
+        yield s.url
+    finally:
+        s.stop()
+
+
 def run(server, minutes: float) -> dict:
-    report = soak.soak(server.url, server.proc.pid, server.headers, minutes * 60, workers=4, seed=0)
+    report = soak.soak(server.url, server.proc.pid, server.headers, minutes * 60, workers=4, seed=0,
+                       fresh=lambda: fresh(server.folder))
     figures = report.__dict__
     print(json.dumps(figures, indent=1))
     if folder := os.environ.get("HELIOS_SOAK_REPORT_DIR"):
@@ -64,6 +85,34 @@ def run(server, minutes: float) -> dict:
     assert not report.failures, "\n".join(report.failures + ["server output:", *server.log])
     assert server.stop() == 0, "".join(server.log)
     return figures
+
+
+class Fake(ThreadingHTTPServer):
+    "Answers the soak's probe after `delay_s`, the way a server that costs that much would."
+    def __init__(self, delay_s: float):
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay_s)
+                body = json.dumps({"usage": {"prompt_tokens": 8, "completion_tokens": 32}}).encode()
+                self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+                self.wfile.write(body)
+            def log_message(self, *args): pass
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.mark.parametrize("soaked_s, fresh_s", [(0.010, 0.010), (0.040, 0.010)])
+def test_the_end_probe_is_held_to_a_fresh_server_in_turns(soaked_s, fresh_s):
+    "As fast as the fresh one: the rounds stop once within the bound. Slower in every round: all run, the bound fails."
+    soaked, fresh = Fake(soaked_s), Fake(fresh_s)
+    try:
+        ends, bests = soak.probe_beside_s(soaked.url, fresh.url, {}, soak.Tally(), rounds=3, drift=0.2, pause_s=0)
+    finally:
+        soaked.shutdown(); fresh.shutdown()
+    assert len(ends) == len(bests) and (len(ends) == 3 or min(ends) <= min(bests) * 1.2)
+    assert (min(ends) > min(bests) * 1.2) == (soaked_s > fresh_s)
 
 
 def test_three_minutes_of_mixed_traffic_leave_nothing_behind(server):
