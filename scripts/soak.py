@@ -36,15 +36,19 @@ import httpx
 
 MODEL = "soak"            # the served model name the driver sends
 PAGE_SIZE = 16            # small pages, so a few prompts fill the pool
-KV_PAGES = 32             # the device pool: 512 tokens, far less than the workers ask for at once (preemption)
-HOST_PAGES = 64           # the host tier, where preempted requests are swapped and evicted prefixes wait
+KV_PAGES = 64             # the device pool: 1,024 tokens, far less than the workers ask for at once (preemption)
+HOST_PAGES = 128          # the host tier, where preempted requests are swapped and evicted prefixes wait
+KV_DTYPE = "float16"      # the pages' type, named so that the pool holds KV_PAGES on every CPU (auto's differs)
+KV_DTYPE_BYTES = 2
 MAX_BATCH_SIZE = 8
 
 
-def serve_flags(kv_bytes_per_token: int) -> list[str]:
-    "The flags of the soak's server: a pool of KV_PAGES pages with a host tier of HOST_PAGES (sized for its model)."
-    page_bytes = PAGE_SIZE * kv_bytes_per_token
-    return ["--served-model-name", MODEL, "--page-size", str(PAGE_SIZE), "--kv-cache-bytes", str(KV_PAGES * page_bytes),
+def serve_flags(kv_values_per_token: int) -> list[str]:
+    """The flags of the soak's server: a pool of KV_PAGES pages of KV_DTYPE with a host tier of HOST_PAGES, for a
+    model with `kv_values_per_token` KV values a token (layers x 2 x KV heads x head size)."""
+    page_bytes = PAGE_SIZE * kv_values_per_token * KV_DTYPE_BYTES
+    return ["--served-model-name", MODEL, "--page-size", str(PAGE_SIZE), "--kv-cache-dtype", KV_DTYPE,
+            "--kv-cache-bytes", str(KV_PAGES * page_bytes),
             "--kv-offload-bytes", str(HOST_PAGES * page_bytes), "--max-batch-size", str(MAX_BATCH_SIZE),
             "--prefill-chunk-size", "128", "--responses-store-size", "64"]  # a store that fills during the warm-up
 
@@ -125,10 +129,11 @@ PERSON = {"type": "json_schema", "json_schema": {"name": "person", "strict": Tru
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}}}}
 PROBE = {"model": MODEL, "prompt": "The soak's probe: " + " ".join(WORDS), "max_tokens": 32, "temperature": 0,
          "ignore_eos": True}
-CANCEL_TOKENS = 800       # a stream closed after a few chunks, or a request whose client leaves, asks for this many:
-HANG_UP_AFTER_S = 0.3     # far more than arrive before the client goes (the idle server makes ~1.2 tokens a ms, so
-                          # 300 could all arrive in time: the server finished one the client had left), so the server
-                          # always sees the cancel; with the longest prompt that asks it, within the 1,024-token limit
+CANCEL_TOKENS = KV_PAGES * PAGE_SIZE - 224   # 800: a stream closed after a few chunks, or a request whose client
+HANG_UP_AFTER_S = 0.3     # leaves, asks for this many, far more than arrive before the client goes (the idle server
+                          # makes ~1.2 tokens a ms: 300 could all arrive in time, and the server finished one the
+                          # client had left), so the server always sees the cancel; the pool's longest request, less
+                          # room for the longest prompt that asks it (~130 tokens)
 
 
 def words(rng: random.Random, k: int) -> str: return " ".join(rng.choice(WORDS) for _ in range(k))
@@ -456,7 +461,8 @@ def probe_turns_s(urls: list, headers: dict, tallies: list, k: int = 10, warm: i
     clients = [httpx.Client(base_url=url, headers=headers, timeout=60) for url in urls]
     try:
         for i in range(warm + k):
-            for c, tally, found in zip(clients, tallies, times):
+            turn = list(zip(clients, tallies, times))
+            for c, tally, found in (turn if i % 2 == 0 else turn[::-1]):  # each goes first every other time
                 start = time.perf_counter()
                 r = c.post("/v1/completions", json=PROBE)
                 elapsed = time.perf_counter() - start
@@ -583,8 +589,12 @@ def soak(url: str, pid: int, headers: dict, duration_s: float, workers: int = 4,
     if fresh is None:
         probe_end, probe_fresh = probe_rounds_s(url, headers, tally, PROBE_ROUNDS, within_s=probe_start * (1 + LATENCY_DRIFT)), []
     else:
-        with fresh() as fresh_url:
-            probe_end, probe_fresh = probe_beside_s(url, fresh_url, headers, tally, PROBE_ROUNDS, LATENCY_DRIFT)
+        try:
+            with fresh() as fresh_url:
+                probe_end, probe_fresh = probe_beside_s(url, fresh_url, headers, tally, PROBE_ROUNDS, LATENCY_DRIFT)
+        except (RuntimeError, OSError, TimeoutError) as e:   # the soaked server is still measured, against its start
+            failures.append(f"the fresh server for the probe at the end did not start: {e}")
+            probe_end, probe_fresh = probe_rounds_s(url, headers, tally, PROBE_ROUNDS), []
     probe_bound, against = ((min(probe_fresh), "a fresh server's") if probe_fresh else (probe_start, "at the start"))
     log(f"at the end: probe {min(probe_end) * 1000:.1f} ms vs {probe_bound * 1000:.1f} ms {against}")
     wait_idle(url, headers)
@@ -630,31 +640,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, kv_bytes_per_token: int, threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, kv_values_per_token: int, threads: int) -> tuple[subprocess.Popen, str]:
     "`helios serve` with the soak's flags on a free port; returns the process and its URL once /health answers."
     port = free_port()
     proc = subprocess.Popen(["helios", "serve", "--model", model, "--port", str(port), "--threads", str(threads),
-                             "--log-level", "warning", *serve_flags(kv_bytes_per_token)])
+                             "--log-level", "warning", *serve_flags(kv_values_per_token)])
     url = f"http://127.0.0.1:{port}"
     for _ in range(900):
-        if proc.poll() is not None: sys.exit(f"helios serve exited with {proc.returncode}")
+        if proc.poll() is not None: raise RuntimeError(f"helios serve exited with {proc.returncode}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200: return proc, url
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    sys.exit("helios serve did not start in 180 s")
+    raise RuntimeError("helios serve did not start in 180 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill(); proc.wait()
 
 
 @contextmanager
-def fresh_server(model: str, kv_bytes_per_token: int, threads: int):
+def fresh_server(model: str, kv_values_per_token: int, threads: int):
     "A second `helios serve` like the soaked one, new, for the probe at the end; yields its URL and stops it."
-    proc, url = start_server(model, kv_bytes_per_token, threads)
+    proc, url = start_server(model, kv_values_per_token, threads)
     try:
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM); proc.wait(60)
+        stop_server(proc)
 
 
 def main(argv=None):
@@ -666,8 +684,9 @@ def main(argv=None):
     p.add_argument("--pid", type=int, help="the running server's process id, for its memory and file descriptors")
     p.add_argument("--api-key")
     p.add_argument("--model", help="the checkpoint to serve (a tools-and-thinking template exercises the tool calls)")
-    p.add_argument("--kv-bytes-per-token", type=int, default=1024,
-                   help="KV bytes of one token of --model, to size the pool in pages (the tests' tiny Qwen3: 1024)")
+    p.add_argument("--kv-values-per-token", type=int, default=256,
+                   help="KV values of one token of --model (layers x 2 x KV heads x head size), to size the pool in "
+                        "pages (the tests' tiny Qwen3: 256)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="write the report here")
     args = p.parse_args(argv)
@@ -675,16 +694,19 @@ def main(argv=None):
     proc, fresh = None, None
     if args.url is None:
         if not args.model: p.error("give --model (a server is started) or --url and --pid")
-        proc, url = start_server(args.model, args.kv_bytes_per_token, args.threads)
+        try:
+            proc, url = start_server(args.model, args.kv_values_per_token, args.threads)
+        except RuntimeError as e:
+            sys.exit(str(e))
         pid = proc.pid
-        fresh = lambda: fresh_server(args.model, args.kv_bytes_per_token, args.threads)  # noqa: E731
+        fresh = lambda: fresh_server(args.model, args.kv_values_per_token, args.threads)
     else:
         if args.pid is None: p.error("--url needs --pid (the server's memory and file descriptors are read)")
         url, pid = args.url, args.pid
     try:
         report = soak(url, pid, headers, args.minutes * 60, args.workers, args.seed, fresh=fresh)
     finally:
-        if proc is not None: proc.send_signal(signal.SIGTERM); proc.wait(60)
+        if proc is not None: stop_server(proc)
     text = json.dumps(report.__dict__, indent=1)
     if args.json: args.json.write_text(text + "\n")
     print(text)

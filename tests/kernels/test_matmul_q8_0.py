@@ -91,7 +91,7 @@ def test_activations_are_quantized_as_the_reference_does(variant):
 
 @needs_q8
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("n_out, n_in", [(40, 64), (17, 50), (576, 1536), (1536, 576), (6144, 2048)])
+@pytest.mark.parametrize("n_out, n_in", [(40, 64), (17, 50), (9, 96), (576, 1536), (1536, 576), (6144, 2048)])
 def test_each_variant_is_the_exact_q8_product_and_no_row_depends_on_another(variant, n_out, n_in, threads):
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(n_out + n_in)

@@ -1,6 +1,7 @@
 """A soak of a real `helios serve`: mixed traffic through every endpoint (scripts/soak.py drives it), then the checks
 of issue 45. A tiny random Qwen3 with a tools-and-thinking template (the one test_http_tools.py serves), pages of 16
-tokens in a device pool of 32 pages and a host tier of 64, so a few long prompts preempt and swap. Four client workers
+tokens of float16 in a device pool of 64 pages (1,024 tokens) and a host tier of 128, so a few long prompts preempt
+and swap. Four client workers
 send completions, chats and streams (n up to 3), JSON-schema grammars, forced tool calls, Responses and Messages
 requests (whole and streamed, stored, continued, retrieved, deleted), streams closed after three chunks, requests
 whose client hangs up, prompts sharing a system prompt, tokenize/detokenize/models/cache/health/metrics, and 14 kinds
@@ -45,11 +46,11 @@ from _scripts import load_script
 from _server import Server
 
 soak = load_script("soak")
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4   # the tiny checkpoint: 2 layers, K and V, 2 KV heads of 32, float32
+KV_VALUES_PER_TOKEN = 2 * 2 * 2 * 32   # the tiny checkpoint: 2 layers, K and V, 2 KV heads of 32
 
 
 def start(folder) -> Server:
-    s = Server("--model", str(folder), *soak.serve_flags(KV_BYTES_PER_TOKEN), log_level="error")
+    s = Server("--model", str(folder), *soak.serve_flags(KV_VALUES_PER_TOKEN), log_level="error")
     s.log = deque(maxlen=200)   # its output, read all along: a full pipe would stall a server that logs
     threading.Thread(target=lambda: s.log.extend(s.proc.stdout), daemon=True).start()
     return s
@@ -106,12 +107,13 @@ class Fake(ThreadingHTTPServer):
 @pytest.mark.parametrize("soaked_s, fresh_s", [(0.010, 0.010), (0.040, 0.010)])
 def test_the_end_probe_is_held_to_a_fresh_server_in_turns(soaked_s, fresh_s):
     "As fast as the fresh one: the rounds stop once within the bound. Slower in every round: all run, the bound fails."
-    soaked, fresh = Fake(soaked_s), Fake(fresh_s)
+    soaked, fresh, tally = Fake(soaked_s), Fake(fresh_s), soak.Tally()
     try:
-        ends, bests = soak.probe_beside_s(soaked.url, fresh.url, {}, soak.Tally(), rounds=3, drift=0.2, pause_s=0)
+        ends, bests = soak.probe_beside_s(soaked.url, fresh.url, {}, tally, rounds=3, drift=0.2, pause_s=0)
     finally:
-        soaked.shutdown(); fresh.shutdown()
+        for fake in (soaked, fresh): fake.shutdown(); fake.server_close()
     assert len(ends) == len(bests) and (len(ends) == 3 or min(ends) <= min(bests) * 1.2)
+    assert tally.finished_requests == 12 * len(ends)   # the soaked server's answers only (2 + 10 a round)
     assert (min(ends) > min(bests) * 1.2) == (soaked_s > fresh_s)
 
 

@@ -176,9 +176,9 @@ const char *matmul_q8_0_isa(void) { return "generic"; }
 #endif
 
 /* y [M, N] = x [M, K] times the transpose of W [N, K] in Q8_0 blocks (N rows of ceil(K / 32) blocks of 34 bytes,
-   as a GGUF file holds them). Threads split the outputs (two at a time in the AVX512-VNNI variant from PAIRED_ROWS rows); each runs its
-   rows eight at a time, then four, then one, with the same per-row instructions. The signature of matmul_f16, so
-   that a decoder layer (decoder_layer.c) can be handed it. */
+   as a GGUF file holds them). Threads split the outputs (two at a time in the AVX512-VNNI variant from PAIRED_ROWS
+   rows on); each runs its rows eight at a time, then four, then one, with the same per-row instructions. The
+   signature of matmul_f16, so that a decoder layer (decoder_layer.c) can be handed it. */
 #define RUN_ROWS(O) do {                                                                                           \
     for (; i + 8 <= M; i += 8) rows_q8_8_##O(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N); \
     for (; i + 4 <= M; i += 4) rows_q8_4_##O(xq + i * nb * QK, xs + i * nb * SCALE_LANES, nb, wn, y + i * N + n, N); \
