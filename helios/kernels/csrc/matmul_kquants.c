@@ -4,11 +4,12 @@
    and each block's product is a sum of integer dot products of unsigned weight codes (0..15, 0..31 or 0..63) and
    signed activations, each sub-block's scaled by its integer sub-block scale; the codes' offsets and mins come in
    through the activation sums. A block's integer products are exact in every variant. The vector variants then keep
-   8 float lanes per row across the weight row: each super-block's int32 lanes are scaled by its float scales into
-   them, and they are added once, at the end, in a fixed order; portable C scales each block's whole sum. Variants,
-   one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI), AVX2 (VPMADDUBSW then VPMADDWD) and
-   portable C. A weight block is unpacked once for up to 8 rows, and each row's sums run
-   the same instructions whatever the other rows are, so a request batched with others gets the bits it gets alone. */
+   8 (or 16) float lanes per row across the weight row: each super-block's int32 lanes are scaled by its float scales
+   into them, and they are added once, at the end, in a fixed order; portable C scales each block's whole sum.
+   Variants, one per build: AVX512-VNNI (VPMADDUBSW then VPDPWSSD, built with -DQ8_VNNI; the K types in 512-bit steps),
+   AVX2 (VPMADDUBSW then VPMADDWD) and portable C. A weight block is unpacked once for up to 8 rows, and each row's
+   sums run the same instructions whatever the other rows are, so a request batched with others gets the bits it gets
+   alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,21 +48,57 @@ static inline float fp16(const uint8_t *p) {  /* a little-endian float16 as a fl
 #endif
 }
 
+#if defined(__AVX512F__)
+/* quantize_rows_k's block of bs values (a multiple of 32, none past K) 16 at a time, to the same bytes and sums: the
+   same max, d and 1 / d, and roundf's rounding (ties away from zero) as truncation plus one where |v - trunc v| >= 1/2
+   (v - trunc v is exact). Returns d. */
+static inline float quantize_block_512(const float *v, int64_t bs, int swap, int8_t *q, int16_t *s) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t j = 0; j < bs; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+    const float d = _mm512_reduce_max_ps(m) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    const __m512 scale = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
+    const __m512i one = _mm512_castps_si512(_mm512_set1_ps(1.f)), sign = _mm512_set1_epi32((int)0x80000000);
+    for (int64_t j = 0; j < bs; j += 16) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(v + j), scale);
+        const __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
+        const __m512 unit = _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(_mm512_castps_si512(y), sign)));
+        const __m512i qi = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, unit));
+        const int64_t at = swap && (((j >> 5) ^ (j >> 6)) & 1) ? j ^ 96 : j;  /* as in the loop below */
+        _mm_storeu_si128((__m128i *)(q + at), _mm512_cvtepi32_epi8(qi));
+        s[at / 16] = (int16_t)_mm512_reduce_add_epi32(qi);
+    }
+    return d;
+}
+#endif
+
 /* xq [M, nb * bs] int8, xd [M, nb] float32 and xs [M, nb * bs / 16] int16 (the sum of every 16 codes) = x [M, K]
-   quantized per block of bs values (zeros past K). The same scalar code in every variant. */
+   quantized per block of bs values (zeros past K); with swap, each block of 256 stores its 32-value chunks in the
+   order 0, 2, 1, 3, 4, 6, 5, 7 (KQ_ORDER below), and the sums follow the stored order. The same bytes in every variant:
+   scalar code, or 16 values at a time with AVX-512 (quantize_block_512). */
 void quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t bs, int8_t *xq, float *xd, int16_t *xs,
-                     int threads) {
+                     int threads, int swap) {
     const int64_t nb = (K + bs - 1) / bs;
     #pragma omp parallel for num_threads(M * K >= 65536 ? threads : 1) schedule(static)
     for (int64_t i = 0; i < M; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + i * K + b * bs;
             const int64_t n = K - b * bs < bs ? K - b * bs : bs;
+#if defined(__AVX512F__)
+            if (n == bs && bs % 32 == 0) {
+                xd[i * nb + b] = quantize_block_512(v, bs, swap, xq + (i * nb + b) * bs, xs + (i * nb + b) * (bs / 16));
+                continue;
+            }
+#endif
             float amax = 0.f;
             for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
             const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
             int8_t *q = xq + (i * nb + b) * bs;
-            for (int64_t j = 0; j < bs; j++) q[j] = j < n ? (int8_t)roundf(v[j] * id) : 0;
+            for (int64_t j = 0; j < bs; j++) {  /* swap: value j goes to place j with chunk bits 0 and 1 both flipped
+                                                   when they differ (chunks 1 and 2, 5 and 6 of 32 trade places) */
+                const int64_t at = swap && (((j >> 5) ^ (j >> 6)) & 1) ? j ^ 96 : j;
+                q[at] = j < n ? (int8_t)roundf(v[j] * id) : 0;
+            }
             for (int64_t g = 0; g < bs / 16; g++) {
                 int sum = 0;
                 for (int j = 0; j < 16; j++) sum += q[g * 16 + j];
@@ -112,6 +149,142 @@ static inline float sum8(__m256 v) {  /* the 8 lanes, in a fixed order */
 #endif
 
 #define ROWS 8  /* rows a weight block is unpacked for: each unpacked block serves up to 8 rows */
+
+#if defined(Q8_VNNI)
+/* The AVX512-VNNI variant works a super-block in four 64-value steps of 512 bits. A 64-byte load of Q6_K's low bits
+   holds 64 values in order. Q4_K's and Q5_K's hold sub-blocks 0 and 2 in the low nibbles and 1 and 3 in the high ones
+   (4 and 6, 5 and 7 in the second), so their activations are quantized in that order (KQ_ORDER: the 32-value chunks 1
+   and 2, and 5 and 6, trade places), and each step's activations are one load too. */
+#define KQ_ORDER 1
+
+static inline __m256i half_sum(__m512i v) {  /* 16 int32 lanes to 8: lane i + lane i + 8, exact */
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+static inline float sum16(__m512 v) {  /* the 16 lanes, in a fixed order: the two halves, then sum8 */
+    return sum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* Int16 lanes 0..15 of KQ_STEP_CHUNKS[k]: the sub-block of step k's low 256 bits, lanes 16..31: of its high 256 bits
+   (step 0: sub-blocks 0 and 2, step 1: 1 and 3, ...). They pick the two sub-blocks' scales, and as sub-block j's fifth
+   bits are bits j of qh, they are also the shifts that bring those bits down. */
+#define S16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+static const int16_t KQ_STEP_CHUNKS[4][32] = {{S16(0), S16(2)}, {S16(1), S16(3)}, {S16(4), S16(6)}, {S16(5), S16(7)}};
+#undef S16
+/* int16 lane g of the mins vector: the min (8 + j of the 16 scale and min words) of the sub-block j the activation sum g
+   (of 16 values, in KQ_ORDER) belongs to */
+static const int16_t KQ_MIN_PICK[16] = {8, 8, 10, 10, 9, 9, 11, 11, 12, 12, 14, 14, 13, 13, 15, 15};
+
+/* rows_k_min in 512-bit steps: per super-block, the codes of step k are one AND (and shift) of 64 bytes, and a row's
+   product of that step is one VPMADDUBSW and one VPDPWSSD on 64 activations; the mins come in through one VPMADDWD of
+   the 16 activation sums with each one's min. */
+static inline __attribute__((always_inline)) void rows_k_min_512_body(const uint8_t *w, const int8_t *xq,
+                                                                       const float *xd, const int16_t *xs, int64_t nb,
+                                                                       int R, float *y, int64_t ldy, int five) {
+    __m512 acc[ROWS];  /* per row: 16 float lanes of d d_x isc */
+    __m256 accm[ROWS];  /* and 8 of dmin d_x imin */
+    for (int r = 0; r < R; r++) { acc[r] = _mm512_setzero_ps(); accm[r] = _mm256_setzero_ps(); }
+    const __m512i low4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    __m512i chunk[4];
+    for (int k = 0; k < 4; k++) chunk[k] = _mm512_loadu_si512(KQ_STEP_CHUNKS[k]);
+    const __m256i pick_min = _mm256_loadu_si256((const __m256i *)KQ_MIN_PICK);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * (five ? Q5_K_BYTES : Q4_K_BYTES), *qh = wb + 16, *qs = wb + (five ? 48 : 16);
+        const float d = fp16(wb), dmin = fp16(wb + 2);
+        uint8_t sm[16];  /* the 8 scales, then the 8 mins, as bytes */
+        q4_k_scales_mins(wb + 4, sm);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m512i sm512 = _mm512_castsi256_si512(sm16);
+        const __m256i mins = _mm256_permutexvar_epi16(pick_min, sm16);
+        __m512i codes[4], scale[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512(qs + 64 * h);
+            codes[2 * h] = _mm512_and_si512(q, low4);
+            codes[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+        }
+        if (five) {
+            const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+            for (int k = 0; k < 4; k++)
+                codes[k] = _mm512_or_si512(codes[k],
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hb, chunk[k]), one), 4));
+        }
+        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(chunk[k], sm512);
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            __m512i sum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++)
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(codes[k], _mm512_loadu_si512(x + 64 * k)), scale[k]);
+            const __m256i imin = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), mins);
+            const float dx = xd[r * nb + b];
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sum), acc[r]);
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(imin), accm[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = sum16(acc[r]) - sum8(accm[r]);
+}
+
+#define S8(v) v, v, v, v, v, v, v, v
+static const int16_t Q6_STEP_SCALES[4][32] = {{S8(0), S8(1), S8(2), S8(3)}, {S8(4), S8(5), S8(6), S8(7)},
+                                             {S8(8), S8(9), S8(10), S8(11)}, {S8(12), S8(13), S8(14), S8(15)}};
+static const int16_t Q6_STEP_SHIFTS[2][32] = {{S8(0), S8(0), S8(2), S8(2)}, {S8(4), S8(4), S8(6), S8(6)}};
+#undef S8
+
+/* rows_q6_k's 512-bit body: step k holds values 64k..64k+63, the low bits of ql[64h..64h+63] (h = k / 2; their high
+   nibbles for odd k), each under 2 bits of qh[32h + l]: bits 4 (k % 2) and 4 (k % 2) + 1 in the low 256-bit half,
+   the next two in the high half. */
+static inline __attribute__((always_inline)) void rows_q6_k_512_body(const uint8_t *w, const int8_t *xq,
+                                                                      const float *xd, const int16_t *xs, int64_t nb,
+                                                                      int R, float *y, int64_t ldy) {
+    __m256 acc[ROWS];  /* per row: 8 float lanes of d d_x isum, added at the end */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    __m512i pick[4], shift[2];  /* scale 4k + i / 8 to int16 lane i; the qh shifts of the even and odd steps */
+    for (int k = 0; k < 4; k++) pick[k] = _mm512_loadu_si512(Q6_STEP_SCALES[k]);
+    for (int k = 0; k < 2; k++) shift[k] = _mm512_loadu_si512(Q6_STEP_SHIFTS[k]);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * Q6_K_BYTES, *ql = wb, *qh = wb + 128;
+        const float d = fp16(wb + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i codes[4], scale[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = _mm512_loadu_si512(ql + 64 * h);
+            const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qh + 32 * h)));
+            codes[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low4),
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hb, shift[0]), low2), 4));
+            codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hb, shift[1]), low2), 4));
+        }
+        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(pick[k], sc512);
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + (r * nb + b) * QK_K;
+            __m512i sum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++)
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(codes[k], _mm512_loadu_si512(x + 64 * k)), scale[k]);
+            const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xs + (r * nb + b) * 16)), sc16);
+            const __m256i isum = _mm256_sub_epi32(half_sum(sum), _mm256_slli_epi32(offset, 5));  /* exact */
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb + b]), _mm256_cvtepi32_ps(isum), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = sum8(acc[r]);
+}
+
+/* One row is the decode step's case: with R a constant 1 its sums stay in registers. */
+static inline __attribute__((always_inline)) void rows_k_min_512(const uint8_t *w, const int8_t *xq, const float *xd,
+                                                                  const int16_t *xs, int64_t nb, int R, float *y,
+                                                                  int64_t ldy, int five) {
+    if (R == 1) rows_k_min_512_body(w, xq, xd, xs, nb, 1, y, ldy, five);
+    else rows_k_min_512_body(w, xq, xd, xs, nb, R, y, ldy, five);
+}
+
+static void rows_q6_k_512(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                          float *y, int64_t ldy) {
+    if (R == 1) rows_q6_k_512_body(w, xq, xd, xs, nb, 1, y, ldy);
+    else rows_q6_k_512_body(w, xq, xd, xs, nb, R, y, ldy);
+}
+#else
+#define KQ_ORDER 0
+#endif
 
 enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
 
@@ -198,15 +371,29 @@ static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, c
 #endif
 }
 
+#if defined(Q8_VNNI)
+static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) { rows_k_min_512(w, xq, xd, xs, nb, R, y, ldy, 0); }
+
+static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) { rows_k_min_512(w, xq, xd, xs, nb, R, y, ldy, 1); }
+#else
 static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q4_K_KIND); }
 
 static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q5_K_KIND); }
+#endif
 
 /* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
    isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum (in 8
    lanes in the vector variants, as for Q4_K). */
+#if defined(Q8_VNNI)
+static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    rows_q6_k_512(w, xq, xd, xs, nb, R, y, ldy);
+}
+#else
 static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) {
 #if defined(__AVX2__)
@@ -276,6 +463,7 @@ static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const
     for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
 #endif
 }
+#endif
 
 /* The blocks of 32: Q4_0 (w = d (q - 8), 4-bit codes), Q4_1 (w = d q + m) and Q5_0 (w = d (q - 16), a fifth bit per
    code). Per block, the codes (0..31) once; then, per row, the block's integer products (codes - offset) . x, exact in
@@ -352,7 +540,7 @@ typedef void (*rows_dot)(const uint8_t *, const int8_t *, const float *, const i
    K / bs blocks, as a GGUF file holds them). Threads split the outputs; each unpacks a weight block once for up to
    ROWS rows. A row's sums do not depend on how many rows share the unpacking. */
 static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads,
-                          int64_t bs, int64_t block_bytes, rows_dot dot, const char *name) {
+                          int64_t bs, int64_t block_bytes, rows_dot dot, int swap, const char *name) {
     const int64_t nb = K / bs, groups = bs / 16;
     int8_t *xq = malloc((size_t)(M * nb * bs) + 64);
     float *xd = malloc(sizeof(float) * (M * nb + 1));
@@ -361,7 +549,7 @@ static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w
         fprintf(stderr, "helios %s: no memory for the activations of %lld rows\n", name, (long long)M);
         abort();
     }
-    quantize_rows_k(x, M, K, bs, xq, xd, xs, threads);
+    quantize_rows_k(x, M, K, bs, xq, xd, xs, threads, swap);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
         for (int64_t i = 0; i < M; i += ROWS)
@@ -374,27 +562,27 @@ static void matmul_blocks(const float *x, int64_t M, int64_t K, const uint8_t *w
 
 /* The signature of matmul_f16: K a multiple of the block size (GGUF stores no other). */
 void matmul_q4_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, rows_q4_k, "matmul_q4_k");
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q4_K_BYTES, rows_q4_k, KQ_ORDER, "matmul_q4_k");
 }
 
 void matmul_q5_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q5_K_BYTES, rows_q5_k, "matmul_q5_k");
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q5_K_BYTES, rows_q5_k, KQ_ORDER, "matmul_q5_k");
 }
 
 void matmul_q6_k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q6_K_BYTES, rows_q6_k, "matmul_q6_k");
+    matmul_blocks(x, M, K, w, N, y, threads, QK_K, Q6_K_BYTES, rows_q6_k, 0, "matmul_q6_k");
 }
 
 void matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, rows_q5_0, "matmul_q5_0");
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q5_0_BYTES, rows_q5_0, 0, "matmul_q5_0");
 }
 
 void matmul_q4_0(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_0_BYTES, rows_q4_0, "matmul_q4_0");
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_0_BYTES, rows_q4_0, 0, "matmul_q4_0");
 }
 
 void matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
-    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_1_BYTES, rows_q4_1, "matmul_q4_1");
+    matmul_blocks(x, M, K, w, N, y, threads, QK5, Q4_1_BYTES, rows_q4_1, 0, "matmul_q4_1");
 }
 
 const char *matmul_kquants_isa(void) {
