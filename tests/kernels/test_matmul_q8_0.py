@@ -82,6 +82,8 @@ def test_activations_are_quantized_as_the_reference_does(variant):
     x = torch.randn(5, 70) * 3
     x[1, :32] = 0  # a block of zeros: scale 0, values 0
     x[2, 0] = 127 * 2.5 / 127  # a value on a tie
+    x[3, :64] = (torch.randint(-127, 127, (64,)) + 0.5).float()  # two whole blocks of ties: with each block's largest
+    x[3, 0], x[3, 32] = 127.0, -127.0                            # |x| 127 the step is 1, so n + 1/2 rounds away from 0
     nb = 3
     xq, xd = torch.empty(5, nb * 32, dtype=torch.int8), torch.empty(5, nb)
     fn.quantize_rows(x.data_ptr(), 5, 70, xq.data_ptr(), xd.data_ptr(), 1)

@@ -20,6 +20,7 @@
 #endif
 
 #include "kernels.h"
+#include "quantize.h"
 
 #define QK_K 256            /* values per K-type super-block */
 #define Q4_K_BYTES 144      /* float16 d, float16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes */
@@ -48,34 +49,11 @@ static inline float fp16(const uint8_t *p) {  /* a little-endian float16 as a fl
 #endif
 }
 
-#if defined(__AVX512F__)
-/* quantize_rows_k's block of bs values (a multiple of 32, none past K) 16 at a time, to the same bytes and sums: the
-   same max, d and 1 / d, and roundf's rounding (ties away from zero) as truncation plus one where |v - trunc v| >= 1/2
-   (v - trunc v is exact). Returns d. */
-static inline float quantize_block_512(const float *v, int64_t bs, int swap, int8_t *q, int16_t *s) {
-    __m512 m = _mm512_setzero_ps();
-    for (int64_t j = 0; j < bs; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
-    const float d = _mm512_reduce_max_ps(m) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-    const __m512 scale = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
-    const __m512i one = _mm512_castps_si512(_mm512_set1_ps(1.f)), sign = _mm512_set1_epi32((int)0x80000000);
-    for (int64_t j = 0; j < bs; j += 16) {
-        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(v + j), scale);
-        const __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
-        const __m512 unit = _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(_mm512_castps_si512(y), sign)));
-        const __m512i qi = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, unit));
-        const int64_t at = swap && (((j >> 5) ^ (j >> 6)) & 1) ? j ^ 96 : j;  /* as in the loop below */
-        _mm_storeu_si128((__m128i *)(q + at), _mm512_cvtepi32_epi8(qi));
-        s[at / 16] = (int16_t)_mm512_reduce_add_epi32(qi);
-    }
-    return d;
-}
-#endif
 
 /* xq [M, nb * bs] int8, xd [M, nb] float32 and xs [M, nb * bs / 16] int16 (the sum of every 16 codes) = x [M, K]
    quantized per block of bs values (zeros past K); with swap, each block of 256 stores its 32-value chunks in the
-   order 0, 2, 1, 3, 4, 6, 5, 7 (KQ_ORDER below), and the sums follow the stored order. The same bytes in every variant:
-   scalar code, or 16 values at a time with AVX-512 (quantize_block_512). */
+   order 0, 2, 1, 3, 4, 6, 5, 7 (KQ_ORDER below), and the sums follow the stored order. For one swap, the same bytes in
+   every variant: this loop, or quantize.h's 16 values at a time with AVX-512. */
 void quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t bs, int8_t *xq, float *xd, int16_t *xs,
                      int threads, int swap) {
     const int64_t nb = (K + bs - 1) / bs;
@@ -175,9 +153,9 @@ static const int16_t KQ_STEP_CHUNKS[4][32] = {{S16(0), S16(2)}, {S16(1), S16(3)}
    (of 16 values, in KQ_ORDER) belongs to */
 static const int16_t KQ_MIN_PICK[16] = {8, 8, 10, 10, 9, 9, 11, 11, 12, 12, 14, 14, 13, 13, 15, 15};
 
-/* rows_k_min in 512-bit steps: per super-block, the codes of step k are one AND (and shift) of 64 bytes, and a row's
-   product of that step is one VPMADDUBSW and one VPDPWSSD on 64 activations; the mins come in through one VPMADDWD of
-   the 16 activation sums with each one's min. */
+/* rows_k_min in 512-bit steps: per super-block, the codes of step k are one AND (and shift) of 64 bytes (Q5_K: OR
+   their fifth bits), and a row's product of that step is one VPMADDUBSW and one VPDPWSSD on 64 activations; the mins
+   come in through one VPMADDWD of the 16 activation sums with each one's min. */
 static inline __attribute__((always_inline)) void rows_k_min_512_body(const uint8_t *w, const int8_t *xq,
                                                                        const float *xd, const int16_t *xs, int64_t nb,
                                                                        int R, float *y, int64_t ldy, int five) {
@@ -293,7 +271,8 @@ enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
    and mins unpacked and the codes (0..15, or 0..31 with the fifth bits) split into 8 groups of 32 once; then, per row,
    isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly (in 8 int32 lanes in the vector variants),
    and acc += d_x (d isc - dmin imin) (lane by lane; y the lanes' sum).
-   Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one). */
+   Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one).
+   The AVX2 and portable variants; AVX512-VNNI takes rows_k_min_512 above. */
 static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd,
                                                               const int16_t *xs, int64_t nb, int R, float *y,
                                                               int64_t ldy, enum k_min_kind kind) {
@@ -387,7 +366,7 @@ static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const
 
 /* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
    isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum (in 8
-   lanes in the vector variants, as for Q4_K). */
+   lanes in the vector variants, as for Q4_K). AVX512-VNNI takes rows_q6_k_512 above. */
 #if defined(Q8_VNNI)
 static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) {

@@ -15,6 +15,7 @@
 #endif
 
 #include "kernels.h"
+#include "quantize.h"
 
 #define QK 32                 /* values per block */
 #define BLOCK_BYTES (2 + QK)  /* a Q8_0 block: float16 scale d, then 32 int8 values */
@@ -43,8 +44,8 @@ static inline float block_scale(const uint8_t *block) {  /* F16C's conversion wh
 #endif
 }
 
-/* xq [M, nb * 32] int8 and xd [M, nb] float32 = x [M, K] quantized per block (zeros past K). The same scalar code
-   in every variant, so every variant multiplies the same integers. */
+/* xq [M, nb * 32] int8 and xd [M, nb] float32 = x [M, K] quantized per block (zeros past K). The same bytes in
+   every variant (quantize.h's AVX-512 blocks, or this loop), so every variant multiplies the same integers. */
 void quantize_rows_q8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, int threads) {
     const int64_t nb = (K + QK - 1) / QK;
     #pragma omp parallel for num_threads(M * K >= 65536 ? threads : 1) schedule(static)
@@ -52,6 +53,12 @@ void quantize_rows_q8(const float *x, int64_t M, int64_t K, int8_t *xq, float *x
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + i * K + b * QK;
             const int n = K - b * QK < QK ? (int)(K - b * QK) : QK;
+#if defined(__AVX512F__)
+            if (n == QK) {
+                xd[i * nb + b] = quantize_block_512(v, QK, 0, xq + i * nb * QK + b * QK, NULL);
+                continue;
+            }
+#endif
             float amax = 0.f;
             for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
             const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
