@@ -49,7 +49,6 @@ static inline float fp16(const uint8_t *p) {  /* a little-endian float16 as a fl
 #endif
 }
 
-
 /* xq [M, nb * bs] int8, xd [M, nb] float32 and xs [M, nb * bs / 16] int16 (the sum of every 16 codes) = x [M, K]
    quantized per block of bs values (zeros past K); with swap, each block of 256 stores its 32-value chunks in the
    order 0, 2, 1, 3, 4, 6, 5, 7 (KQ_ORDER below), and the sums follow the stored order. For one swap, the same bytes in
@@ -72,11 +71,7 @@ void quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t bs, int8_t *x
             for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
             const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
             int8_t *q = xq + (i * nb + b) * bs;
-            for (int64_t j = 0; j < bs; j++) {  /* swap: value j goes to place j with chunk bits 0 and 1 both flipped
-                                                   when they differ (chunks 1 and 2, 5 and 6 of 32 trade places) */
-                const int64_t at = swap && (((j >> 5) ^ (j >> 6)) & 1) ? j ^ 96 : j;
-                q[at] = j < n ? (int8_t)roundf(v[j] * id) : 0;
-            }
+            for (int64_t j = 0; j < bs; j++) q[kq_place(j, swap)] = j < n ? (int8_t)roundf(v[j] * id) : 0;
             for (int64_t g = 0; g < bs / 16; g++) {
                 int sum = 0;
                 for (int j = 0; j < 16; j++) sum += q[g * 16 + j];
@@ -248,15 +243,20 @@ static inline __attribute__((always_inline)) void rows_q6_k_512_body(const uint8
 }
 
 /* One row is the decode step's case: with R a constant 1 its sums stay in registers. */
-static inline __attribute__((always_inline)) void rows_k_min_512(const uint8_t *w, const int8_t *xq, const float *xd,
-                                                                  const int16_t *xs, int64_t nb, int R, float *y,
-                                                                  int64_t ldy, int five) {
-    if (R == 1) rows_k_min_512_body(w, xq, xd, xs, nb, 1, y, ldy, five);
-    else rows_k_min_512_body(w, xq, xd, xs, nb, R, y, ldy, five);
+static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    if (R == 1) rows_k_min_512_body(w, xq, xd, xs, nb, 1, y, ldy, 0);
+    else rows_k_min_512_body(w, xq, xd, xs, nb, R, y, ldy, 0);
 }
 
-static void rows_q6_k_512(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                          float *y, int64_t ldy) {
+static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
+    if (R == 1) rows_k_min_512_body(w, xq, xd, xs, nb, 1, y, ldy, 1);
+    else rows_k_min_512_body(w, xq, xd, xs, nb, R, y, ldy, 1);
+}
+
+static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
+                      float *y, int64_t ldy) {
     if (R == 1) rows_q6_k_512_body(w, xq, xd, xs, nb, 1, y, ldy);
     else rows_q6_k_512_body(w, xq, xd, xs, nb, R, y, ldy);
 }
@@ -272,7 +272,7 @@ enum k_min_kind { Q4_K_KIND, Q5_K_KIND };
    isc = sum_j scale_j (codes . x)_j and imin = sum_j min_j sum(x)_j exactly (in 8 int32 lanes in the vector variants),
    and acc += d_x (d isc - dmin imin) (lane by lane; y the lanes' sum).
    Always inlined, so each type gets its own copy with `kind` a constant (called twice, it would otherwise stay one).
-   The AVX2 and portable variants; AVX512-VNNI takes rows_k_min_512 above. */
+   The AVX2 and portable variants; AVX512-VNNI's is rows_k_min_512_body above. */
 static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, const int8_t *xq, const float *xd,
                                                               const int16_t *xs, int64_t nb, int R, float *y,
                                                               int64_t ldy, enum k_min_kind kind) {
@@ -350,13 +350,7 @@ static inline __attribute__((always_inline)) void rows_k_min(const uint8_t *w, c
 #endif
 }
 
-#if defined(Q8_VNNI)
-static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                      float *y, int64_t ldy) { rows_k_min_512(w, xq, xd, xs, nb, R, y, ldy, 0); }
-
-static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                      float *y, int64_t ldy) { rows_k_min_512(w, xq, xd, xs, nb, R, y, ldy, 1); }
-#else
+#if !defined(Q8_VNNI)  /* AVX512-VNNI's rows_q4_k, rows_q5_k and rows_q6_k are above */
 static void rows_q4_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) { rows_k_min(w, xq, xd, xs, nb, R, y, ldy, Q4_K_KIND); }
 
@@ -366,13 +360,8 @@ static void rows_q5_k(const uint8_t *w, const int8_t *xq, const float *xd, const
 
 /* Q6_K: per super-block, the 6-bit codes (0..63) put together in value order once; then, per row,
    isum = sum_j scale_j ((codes . x)_j - 32 sum(x)_j) over its 16 parts of 16, exactly, and acc += d_x d isum (in 8
-   lanes in the vector variants, as for Q4_K). AVX512-VNNI takes rows_q6_k_512 above. */
-#if defined(Q8_VNNI)
-static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
-                      float *y, int64_t ldy) {
-    rows_q6_k_512(w, xq, xd, xs, nb, R, y, ldy);
-}
-#else
+   lanes in the vector variants, as for Q4_K). The AVX2 and portable variants. */
+#if !defined(Q8_VNNI)
 static void rows_q6_k(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs, int64_t nb, int R,
                       float *y, int64_t ldy) {
 #if defined(__AVX2__)
